@@ -1,0 +1,1 @@
+"""Trace analysis: readers → canonical polars frames → steps, walls, graph, audit."""

@@ -1,0 +1,234 @@
+"""Canonical frames every reader produces and every analysis consumes (format-blind).
+
+A reader (Kineto JSON, nsys SQLite) returns one `Trace`. All times are Int64 nanoseconds on the
+capturing process's clock (`ts_ns`, `dur_ns`); rank is a column, never a dict of frames. Analyses
+are pure functions over these frames: they never mutate them and check required columns with
+`require()` first.
+
+events: one row per timed event (CPU and GPU), all ranks.
+
+| column          | dtype       | meaning |
+|-----------------|-------------|---------|
+| rank            | Int32       | global rank (distributedInfo / file order / nsys process+device) |
+| kind            | Enum KINDS  | normalized category, see KINDS |
+| name            | String      | op / kernel / API name (nsys: version suffix `_v7000` stripped) |
+| ts_ns, dur_ns   | Int64       | start and duration, ns |
+| pid, tid        | Int64       | host process / thread; for GPU rows pid = device id, tid = stream |
+| device          | Int32       | GPU ordinal for GPU rows (kernel, memcpy, memset, gpu_annotation, graph), else null |
+| stream          | Int64       | CUDA stream for GPU rows, else null |
+| correlation     | Int64       | launch (runtime row) ↔ GPU rows; graph replays share one correlation |
+| external_id     | Int64       | Kineto `External id` (cpu_op ↔ launch ↔ GPU), else null |
+| bytes           | Int64       | memcpy / memset size |
+| copy_kind       | Enum COPY_KINDS | memcpy direction (HtoD, DtoH, DtoD, PtoP, HtoH, other) |
+| graph_id        | Int64       | CUDA graph id (Kineto `graph id`, nsys graphId / GRAPH_TRACE graphId) |
+| graph_node_id   | Int64       | CUDA graph node id (non-null and non-zero only for graph-replayed work) |
+| sync_kind       | Enum SYNC_KINDS | for kind == "sync": what waited |
+| wait_stream     | Int64       | stream a `stream_wait_event` sync waited on (when known) |
+| wait_correlation| Int64       | correlation of the `cudaEventRecord` a sync waited on (when known) |
+
+comms: collective metadata (Kineto `record_param_comms`, nsys NCCL NVTX), one row per call.
+
+| column | dtype | meaning |
+|---|---|---|
+| rank | Int32 | |
+| ts_ns, dur_ns | Int64 | the host call |
+| external_id, correlation | Int64 | links to the launch / kernel where known |
+| collective | String | e.g. `allreduce`, `all_to_all`, `_allgather_base`, `send` |
+| in_nelems, out_nelems, group_size | Int64 | |
+| dtype | String | |
+| in_split, out_split | String | per-peer split sizes as written (`"[]"` when absent) |
+| pg_name, pg_desc, pg_ranks | String | process group |
+| seq | Int64 | collective sequence number in its group (when the writer gives it) |
+
+flows: Kineto `s`/`f` flow events (ac2g launch→GPU, fwdbwd), one row per endpoint.
+
+| column | dtype | meaning |
+|---|---|---|
+| rank | Int32 | |
+| flow_id | Int64 | |
+| cat | String | `ac2g`, `fwdbwd`, `async_cpu_to_gpu`, … |
+| phase | String | `s` or `f` |
+| ts_ns | Int64 | |
+| pid, tid | Int64 | |
+
+ranks: one row per rank (whitelisted metadata only; never the capturing host's environment).
+
+| column | dtype | meaning |
+|---|---|---|
+| rank | Int32 | |
+| world_size | Int32 | |
+| source | String | file the rank came from (as given by the user) |
+| format | String | `kineto` or `nsys` |
+| backend | String | distributed backend (`nccl`, `gloo`, …) |
+| device_name | String | e.g. `NVIDIA H200` |
+| num_sms | Int32 | |
+| compute_capability | String | e.g. `9.0` |
+| nccl_version | String | |
+| clock_offset_ns | Int64 | add to ts_ns to put this rank on a shared clock (0 when unknown) |
+| graph_trace_mode | String | nsys `graph` / `node`; Kineto `node` (kernels always listed) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import polars as pl
+
+KINDS: tuple[str, ...] = (
+    "cpu_op",          # Kineto cpu_op
+    "annotation",      # host ranges: Kineto user_annotation (ProfilerStep#N, nccl:*), nsys NVTX
+    "gpu_annotation",  # ranges projected on a GPU stream (Kineto gpu_user_annotation)
+    "python",          # Kineto python_function (with_stack)
+    "runtime",         # CUDA runtime and driver API calls (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch…)
+    "kernel",          # GPU kernels
+    "memcpy",          # GPU copies
+    "memset",          # GPU memsets
+    "sync",            # host blocked on GPU work (cuda_sync / CUPTI synchronization records)
+    "graph",           # whole graph replay on the GPU (nsys graph-level trace mode only)
+    "instant",         # instant markers (Iteration Start, Record Window End)
+    "other",
+)
+KIND = pl.Enum(list(KINDS))
+
+COPY_KINDS: tuple[str, ...] = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "other")
+COPY_KIND = pl.Enum(list(COPY_KINDS))
+
+SYNC_KINDS: tuple[str, ...] = (
+    "stream_sync",
+    "event_sync",
+    "context_sync",
+    "stream_wait_event",
+    "other",
+)
+SYNC_KIND = pl.Enum(list(SYNC_KINDS))
+
+GPU_KINDS: tuple[str, ...] = ("kernel", "memcpy", "memset", "graph")
+
+EVENTS_SCHEMA = pl.Schema(
+    {
+        "rank": pl.Int32,
+        "kind": KIND,
+        "name": pl.String,
+        "ts_ns": pl.Int64,
+        "dur_ns": pl.Int64,
+        "pid": pl.Int64,
+        "tid": pl.Int64,
+        "device": pl.Int32,
+        "stream": pl.Int64,
+        "correlation": pl.Int64,
+        "external_id": pl.Int64,
+        "bytes": pl.Int64,
+        "copy_kind": COPY_KIND,
+        "graph_id": pl.Int64,
+        "graph_node_id": pl.Int64,
+        "sync_kind": SYNC_KIND,
+        "wait_stream": pl.Int64,
+        "wait_correlation": pl.Int64,
+    }
+)
+
+COMMS_SCHEMA = pl.Schema(
+    {
+        "rank": pl.Int32,
+        "ts_ns": pl.Int64,
+        "dur_ns": pl.Int64,
+        "external_id": pl.Int64,
+        "correlation": pl.Int64,
+        "collective": pl.String,
+        "in_nelems": pl.Int64,
+        "out_nelems": pl.Int64,
+        "group_size": pl.Int64,
+        "dtype": pl.String,
+        "in_split": pl.String,
+        "out_split": pl.String,
+        "pg_name": pl.String,
+        "pg_desc": pl.String,
+        "pg_ranks": pl.String,
+        "seq": pl.Int64,
+    }
+)
+
+FLOWS_SCHEMA = pl.Schema(
+    {
+        "rank": pl.Int32,
+        "flow_id": pl.Int64,
+        "cat": pl.String,
+        "phase": pl.String,
+        "ts_ns": pl.Int64,
+        "pid": pl.Int64,
+        "tid": pl.Int64,
+    }
+)
+
+RANKS_SCHEMA = pl.Schema(
+    {
+        "rank": pl.Int32,
+        "world_size": pl.Int32,
+        "source": pl.String,
+        "format": pl.String,
+        "backend": pl.String,
+        "device_name": pl.String,
+        "num_sms": pl.Int32,
+        "compute_capability": pl.String,
+        "nccl_version": pl.String,
+        "clock_offset_ns": pl.Int64,
+        "graph_trace_mode": pl.String,
+    }
+)
+
+
+def empty(schema: pl.Schema) -> pl.DataFrame:
+    return pl.DataFrame(schema=schema)
+
+
+def conform(df: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
+    """Return `df` with exactly `schema`'s columns, in order and dtype; missing columns are null."""
+    cols = []
+    for name, dtype in schema.items():
+        if name in df.columns:
+            cols.append(pl.col(name).cast(dtype))
+        else:
+            cols.append(pl.lit(None, dtype=dtype).alias(name))
+    return df.lazy().select(cols).collect() if df.width else pl.DataFrame(schema=schema)
+
+
+def require(df: pl.DataFrame, columns: Iterable[str], *, what: str = "frame") -> None:
+    """Fail early, naming the missing columns, instead of deep inside an expression."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise KeyError(f"{what} lacks column(s) {', '.join(missing)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """Everything read from one or more trace files (one or many ranks)."""
+
+    events: pl.DataFrame
+    comms: pl.DataFrame = field(default_factory=lambda: empty(COMMS_SCHEMA))
+    flows: pl.DataFrame = field(default_factory=lambda: empty(FLOWS_SCHEMA))
+    ranks: pl.DataFrame = field(default_factory=lambda: empty(RANKS_SCHEMA))
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def gpu(self) -> pl.DataFrame:
+        """GPU work rows (kernels, copies, memsets, graph replays)."""
+        return self.events.filter(pl.col("kind").is_in(GPU_KINDS))
+
+    @property
+    def formats(self) -> list[str]:
+        return sorted(set(self.ranks.get_column("format").drop_nulls().to_list()))
+
+
+def concat_traces(traces: Iterable[Trace]) -> Trace:
+    """Merge traces of different ranks (each already carries its rank column)."""
+    ts = list(traces)
+    if len(ts) == 1:
+        return ts[0]
+    return Trace(
+        events=pl.concat([t.events for t in ts], how="vertical"),
+        comms=pl.concat([t.comms for t in ts], how="vertical"),
+        flows=pl.concat([t.flows for t in ts], how="vertical"),
+        ranks=pl.concat([t.ranks for t in ts], how="vertical").sort("rank"),
+        warnings=tuple(w for t in ts for w in t.warnings),
+    )

@@ -1,0 +1,125 @@
+"""Open trace files of any supported format and return one canonical `Trace`.
+
+Formats are recognised by content, not only by name: gzip magic, SQLite header, JSON object.
+A directory expands to the trace files inside it (one per rank).
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+
+from analyzer.frames import Trace, concat_traces
+from moetune.errors import UserError
+
+KINETO_SUFFIXES = (".json", ".json.gz")
+NSYS_SUFFIXES = (".sqlite", ".sqlite3", ".db", ".nsys-rep", ".qdrep")
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def sniff(path: Path) -> str:
+    """Return 'kineto', 'nsys' or 'nsys-rep' for a file, or raise UserError naming it."""
+    name = path.name.lower()
+    if name.endswith((".nsys-rep", ".qdrep")):
+        return "nsys-rep"
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(64)
+    except IsADirectoryError:
+        raise UserError("is a directory where a file was expected", path=path) from None
+    except OSError as exc:
+        raise UserError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    if head.startswith(SQLITE_MAGIC):
+        return "nsys"
+    if head[:2] == b"\x1f\x8b":
+        if name.endswith((".sqlite.gz", ".db.gz", ".sqlite3.gz")):
+            return "nsys"
+        return "kineto"
+    if head.lstrip()[:1] == b"{":
+        return "kineto"
+    if not head:
+        raise UserError("is empty", path=path)
+    raise UserError(
+        "is not a trace moetune can read (expected Kineto .json/.json.gz or an nsys .sqlite export)",
+        path=path,
+    )
+
+
+def expand(paths: Sequence[str | Path]) -> list[Path]:
+    """Files to read: each path itself, or the trace files inside a directory (sorted)."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise UserError("no such file or directory", path=p)
+        if p.is_dir():
+            found = sorted(
+                f
+                for f in p.iterdir()
+                if f.is_file() and f.name.lower().endswith(KINETO_SUFFIXES + NSYS_SUFFIXES)
+            )
+            if not found:
+                raise UserError("directory holds no trace files (.json, .json.gz, .sqlite)", path=p)
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
+
+
+def is_gzip(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(2) == b"\x1f\x8b"
+
+
+def open_bytes(path: Path) -> bytes:
+    """Whole (decompressed) content of a file; corrupt gzip is a UserError naming the file."""
+    try:
+        if is_gzip(path):
+            with gzip.open(path, "rb") as fh:
+                return fh.read()
+        return path.read_bytes()
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise UserError(f"corrupt or truncated gzip ({exc})", path=path) from None
+
+
+def load_trace(paths: Sequence[str | Path]) -> Trace:
+    """Read every path (files or directories of per-rank files) into one Trace.
+
+    Ranks come from each file's own metadata where it has one; files without it are numbered in
+    the order given. Two files claiming the same rank is an error.
+    """
+    files = expand(paths)
+    traces: list[Trace] = []
+    for i, f in enumerate(files):
+        fmt = sniff(f)
+        if fmt == "kineto":
+            from analyzer.readers.kineto import read_kineto
+
+            traces.append(read_kineto(f, default_rank=i))
+        else:
+            from analyzer.readers.nsys import read_nsys
+
+            traces.append(read_nsys(f, first_rank=i))
+    trace = concat_traces(traces)
+    _check_ranks(trace, files)
+    return trace
+
+
+def _check_ranks(trace: Trace, files: list[Path]) -> None:
+    if len(files) < 2:
+        return
+    dup = (
+        trace.ranks.group_by("rank")
+        .agg(pl.col("source"))
+        .filter(pl.col("source").list.len() > 1)
+    )
+    if dup.height:
+        row = dup.row(0, named=True)
+        raise UserError(
+            f"rank {row['rank']} appears in several files ({', '.join(row['source'])}); "
+            "pass one file per rank",
+            path=row["source"][1],
+        )
