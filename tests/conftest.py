@@ -1,0 +1,26 @@
+"""Shared test fixtures: where the public corpus and the project's own fixtures live."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures"
+# CI clones main into a folder with a copy of shared/ beside it, as in development.
+CORPUS = Path(os.environ.get("MOETUNE_CORPUS", ROOT.parent / "shared" / "corpus"))
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    """The public trace corpus (../shared/corpus); tests that need it skip cleanly without it."""
+    if not (CORPUS / "public").is_dir():
+        pytest.skip(f"public corpus not found at {CORPUS}")
+    return CORPUS
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return FIXTURES
