@@ -1,0 +1,194 @@
+"""Kernel, copy and runtime-call classes as data: event names → `kclass`, `wall`, `rclass`.
+
+The rules live in `analyzer/kernel_classes.yaml` (validated by schemas/kernel_classes.schema.json);
+this module only turns them into polars expressions. Traces hold thousands of distinct names but
+millions of events, so rules run on the unique (kind, name, copy_kind, size bucket) keys and the
+result is joined back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import yaml
+
+from analyzer.frames import EVENTS_SCHEMA, require
+from moetune.errors import UserError
+
+CLASSES_PATH = Path(__file__).with_name("kernel_classes.yaml")
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "kernel_classes.schema.json"
+
+WALLS: tuple[str, ...] = ("compute", "communication", "memory", "host")
+WALL = pl.Enum(list(WALLS))
+RCLASSES: tuple[str, ...] = (
+    "launch",
+    "graph_launch",
+    "sync",
+    "memcpy_api",
+    "event_record",
+    "stream_wait_event",
+    "other",
+)
+RCLASS = pl.Enum(list(RCLASSES))
+GPU_RULE_KINDS = ("kernel", "memcpy", "memset", "graph")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelClasses:
+    """Validated rule lists, in YAML order (first match wins)."""
+
+    gpu: tuple[dict[str, Any], ...]
+    runtime: tuple[dict[str, Any], ...]
+    recompute_regions: dict[str, list[str]]
+    backward_ops: dict[str, list[str]]
+    steps: dict[str, Any]
+    source: str
+
+    @property
+    def size_thresholds(self) -> list[int]:
+        return sorted({int(r["min_bytes"]) for r in self.gpu if "min_bytes" in r})
+
+    @property
+    def kclasses(self) -> list[str]:
+        return sorted({r["kclass"] for r in self.gpu})
+
+
+def load_classes(path: str | Path | None = None) -> KernelClasses:
+    """Read and validate a kernel-classes YAML (the shipped one by default)."""
+    return _load(str(Path(path) if path else CLASSES_PATH))
+
+
+@lru_cache(maxsize=8)
+def _load(path: str) -> KernelClasses:
+    import jsonschema
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"cannot read kernel classes: {exc}", path=path) from None
+    schema = json.loads(SCHEMA_PATH.read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=str)
+    if errors:
+        e = errors[0]
+        where = "/".join(str(p) for p in e.absolute_path) or "(top)"
+        raise UserError(f"invalid kernel classes at {where}: {e.message}", path=path)
+    rec = doc.get("recompute") or {}
+    return KernelClasses(
+        gpu=tuple(doc["gpu"]),
+        runtime=tuple(doc["runtime"]),
+        recompute_regions=rec.get("regions", {}),
+        backward_ops=rec.get("backward_ops", {}),
+        steps=doc.get("steps") or {},
+        source=Path(path).name,
+    )
+
+
+def match_expr(match: dict[str, list[str]], col: str = "name") -> pl.Expr:
+    """Boolean expression: any prefix / substring / case-insensitive substring / regex fits."""
+    c = pl.col(col).fill_null("")
+    parts: list[pl.Expr] = []
+    parts += [c.str.starts_with(p) for p in match.get("prefix", [])]
+    parts += [c.str.contains(s, literal=True) for s in match.get("contains", [])]
+    if match.get("icontains"):
+        low = c.str.to_lowercase()
+        parts += [low.str.contains(s.lower(), literal=True) for s in match["icontains"]]
+    parts += [c.str.contains(r) for r in match.get("regex", [])]
+    if not parts:
+        return pl.lit(False)
+    return pl.any_horizontal(parts)
+
+
+def _gpu_rule_expr(rule: dict[str, Any]) -> pl.Expr:
+    cond = pl.col("kind").cast(pl.String).is_in(rule.get("kinds", ["kernel"]))
+    if "copy_kinds" in rule:
+        cond = cond & pl.col("copy_kind").cast(pl.String).is_in(rule["copy_kinds"])
+    if "min_bytes" in rule:
+        cond = cond & (pl.col("_size_bucket") >= int(rule["min_bytes"]))
+    return cond & match_expr(rule["match"])
+
+
+def _size_bucket(thresholds: list[int]) -> pl.Expr:
+    """Largest rule threshold a copy reaches (0 below all), so uniqueness stays cheap."""
+    b = pl.col("bytes").fill_null(0)
+    out: pl.Expr = pl.lit(0, dtype=pl.Int64)
+    for t in thresholds:  # ascending: later thresholds overwrite
+        out = pl.when(b >= t).then(pl.lit(t, dtype=pl.Int64)).otherwise(out)
+    return out
+
+
+def classify_keys(keys: pl.DataFrame, classes: KernelClasses) -> pl.DataFrame:
+    """Classify unique keys (kind, name, copy_kind, _size_bucket) → kclass, wall, rclass, blocking."""
+    is_gpu = pl.col("kind").cast(pl.String).is_in(GPU_RULE_KINDS)
+    is_rt = pl.col("kind").cast(pl.String) == "runtime"
+    kclass: Any = pl.when(pl.lit(False)).then(pl.lit(None, dtype=pl.String))
+    wall: Any = pl.when(pl.lit(False)).then(pl.lit(None, dtype=pl.String))
+    for rule in classes.gpu:
+        cond = is_gpu & _gpu_rule_expr(rule)
+        kclass = kclass.when(cond).then(pl.lit(rule["kclass"]))
+        wall = wall.when(cond).then(pl.lit(rule["wall"]))
+    rclass: Any = pl.when(pl.col("kind").cast(pl.String) == "sync").then(pl.lit("sync"))
+    # CUPTI sync records are host waits, except stream-wait-event (a GPU-side dependency).
+    blocking: Any = pl.when(pl.col("kind").cast(pl.String) == "sync").then(
+        pl.col("sync_kind").cast(pl.String).fill_null("other") != "stream_wait_event"
+    )
+    for rule in classes.runtime:
+        cond = is_rt & match_expr(rule["match"])
+        rclass = rclass.when(cond).then(pl.lit(rule["rclass"]))
+        blocking = blocking.when(cond).then(pl.lit(bool(rule.get("blocking", False))))
+    return keys.with_columns(
+        kclass.otherwise(pl.lit(None, dtype=pl.String)).alias("kclass"),
+        wall.otherwise(pl.lit(None, dtype=pl.String)).cast(WALL).alias("wall"),
+        rclass.otherwise(pl.lit(None, dtype=pl.String)).cast(RCLASS).alias("rclass"),
+        blocking.otherwise(pl.lit(False)).alias("blocking"),
+    )
+
+
+def classify(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> pl.DataFrame:
+    """Return `events` plus `kclass` (String), `wall` (Enum), `rclass` (Enum), `blocking` (Boolean).
+
+    GPU rows get kclass/wall (never null: the YAML ends in catch-alls); runtime and sync rows get
+    rclass/blocking; other rows get nulls and blocking=False.
+    """
+    require(events, ("kind", "name", "copy_kind", "bytes", "sync_kind"), what="events")
+    cl = classes or load_classes()
+    key_cols = ["kind", "name", "copy_kind", "sync_kind", "_size_bucket"]
+    ev = events.with_columns(_size_bucket(cl.size_thresholds).alias("_size_bucket"))
+    keys = ev.select(key_cols).unique()
+    classified = classify_keys(keys, cl)
+    out = ev.join(classified, on=key_cols, how="left", nulls_equal=True, maintain_order="left")
+    return out.drop("_size_bucket")
+
+
+def class_table(events: pl.DataFrame) -> pl.DataFrame:
+    """Per kclass: count and summed GPU time (ns), sorted by time. Needs classify() output."""
+    require(events, ("kclass", "wall", "dur_ns"), what="classified events")
+    return (
+        events.filter(pl.col("kclass").is_not_null())
+        .group_by("kclass")
+        .agg(
+            pl.len().alias("count"),
+            pl.col("dur_ns").sum().alias("time_ns"),
+            pl.col("wall").first().cast(pl.String).alias("wall"),
+        )
+        .sort(["time_ns", "kclass"], descending=[True, False])
+    )
+
+
+__all__ = [
+    "EVENTS_SCHEMA",
+    "RCLASS",
+    "RCLASSES",
+    "WALL",
+    "WALLS",
+    "KernelClasses",
+    "class_table",
+    "classify",
+    "classify_keys",
+    "load_classes",
+    "match_expr",
+]

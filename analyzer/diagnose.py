@@ -1,0 +1,305 @@
+"""Orchestration: trace files → the diagnosis document (schemas/diagnosis.schema.json).
+
+read → classify → steps (+ window) → walls per (rank, step) → median step per rank → observed
+facts → sections added by other modules (critical path, blocking, ranks) → a plain dict with sorted
+keys and rounded floats. File names only, never host paths or trace metadata.
+
+Extension point: `SECTIONS` lists `(name, fn)` pairs; each `fn(trace, steps, ctx) -> dict` returns
+top-level document keys that are merged into the document (e.g. `{"critical_path": …,
+"blocking": …}`); `name` labels the section. `steps` is a `steps.Steps` (`steps.table` has rank,
+step, win_start_ns, win_end_ns); `ctx` is a `Context` (classified events, per-step walls, the
+document so far). Sections run after the core fields, in list order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from analyzer.classify import KernelClasses, class_table, classify, load_classes
+from analyzer.frames import GPU_KINDS, Trace
+from analyzer.observed import _in_windows, observe
+from analyzer.steps import Steps, find_steps
+from analyzer.walls import WALL_KEYS, attribute_walls, fractions, median_step, recompute_launches
+from moetune import __version__
+from moetune.errors import UserError
+
+SCHEMA_ID = "moetune.diagnosis/1"
+NS = 1e-9
+SECONDS_DIGITS = 6  # µs resolution in seconds fields
+FRACTION_DIGITS = 4
+CORE_KEYS = frozenset(
+    {"schema", "tool", "inputs", "ranks_analyzed", "window", "steps", "step_time_s", "walls",
+     "dominant_wall", "wall_detail", "host", "median_step_by_rank", "per_step", "observed",
+     "evidence", "warnings"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a section function may read (never mutate)."""
+
+    events: pl.DataFrame  # classified: + kclass, wall, rclass, blocking
+    per_step: pl.DataFrame  # walls.attribute_walls output
+    median: pl.DataFrame  # walls.median_step output (one row per rank)
+    doc: dict[str, Any]  # the document built so far
+    contract: dict[str, Any] | None
+
+
+Section = tuple[str, Callable[[Trace, Steps, Context], dict[str, Any]]]
+
+# Sections owned by other modules (issue "Timeline graph"), e.g.:
+#   from analyzer.critical_path import critical_path_section
+#   SECTIONS.append(("critical_path", lambda tr, st, ctx: critical_path_section(tr, st.table)))
+SECTIONS: list[Section] = []
+
+
+def diagnose(
+    paths: Sequence[str | Path] | str | Path,
+    *,
+    window: str | None = None,
+    contract: str | Path | dict[str, Any] | None = None,
+    step_range: str | None = None,
+    sections: Sequence[Section] | None = None,
+    classes: KernelClasses | None = None,
+) -> dict[str, Any]:
+    """Diagnose trace files (one or many ranks) and return the diagnosis document."""
+    from analyzer.readers import expand, load_trace
+
+    plist = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    files = expand(plist)
+    trace = load_trace(plist)
+    return diagnose_trace(
+        trace,
+        files=files,
+        window=window,
+        contract=contract,
+        step_range=step_range,
+        sections=sections,
+        classes=classes,
+    )
+
+
+def diagnose_trace(
+    trace: Trace,
+    *,
+    files: Sequence[Path] = (),
+    window: str | None = None,
+    contract: str | Path | dict[str, Any] | None = None,
+    step_range: str | None = None,
+    sections: Sequence[Section] | None = None,
+    classes: KernelClasses | None = None,
+) -> dict[str, Any]:
+    """Same as diagnose() for an already-read Trace."""
+    cl = classes or load_classes()
+    first = files[0] if files else None
+    con = _load_contract(contract)
+    cwin = ((con or {}).get("window") or {}) if con else {}
+    win = window if window is not None else cwin.get("steady")
+    step_range = step_range or cwin.get("step_range")
+    if trace.events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS)).height == 0:
+        raise UserError("has no GPU events (CPU-only profile?)", path=first)
+    events = classify(trace.events, classes=cl)
+    steps = find_steps(events, window=win, step_range=step_range, classes=cl, source_file=first)
+    rc = recompute_launches(events, classes=cl)
+    per_step = attribute_walls(events, steps.table, recompute=rc)
+    med = median_step(per_step)
+    dispatcher_hint = ((con or {}).get("megatron_args") or {}).get("moe_token_dispatcher_type")
+    observed, obs_ev = observe(
+        events, steps.table, per_step, comms=trace.comms, dispatcher_hint=dispatcher_hint
+    )
+    doc: dict[str, Any] = {
+        "schema": SCHEMA_ID,
+        "tool": {"name": "moetune", "version": __version__},
+        "inputs": _inputs(trace, files),
+        "ranks_analyzed": sorted(int(r) for r in steps.table.get_column("rank").unique()),
+        "window": {
+            "declared": str(win) if win is not None else None,
+            "step_source": steps.source,
+            "steps_found": steps.found,
+            "dropped_incomplete": steps.dropped,
+        },
+        "steps": steps.ids,
+        **_summary(med),
+        "per_step": _per_step_rows(per_step),
+        "observed": observed,
+        "evidence": _evidence(events, steps, obs_ev),
+        "warnings": _warnings(trace, steps, events, observed),
+    }
+    ctx = Context(events=events, per_step=per_step, median=med, doc=doc, contract=con)
+    for name, fn in list(sections if sections is not None else SECTIONS):
+        extra = fn(trace, steps, ctx) or {}
+        clash = sorted(set(extra) & CORE_KEYS)
+        assert not clash, f"section {name} would overwrite {clash}"
+        doc.update(extra)
+    return normalize(doc)
+
+
+def _summary(med: pl.DataFrame) -> dict[str, Any]:
+    """Walls, wall_detail, host and step time of the median step, averaged over ranks."""
+    rows = med.to_dicts()
+    n = len(rows)
+
+    def mean(f: Callable[[dict[str, Any]], float]) -> float:
+        return sum(f(r) for r in rows) / n
+
+    walls = {k: mean(lambda r, k=k: fractions(r)[k]) for k in WALL_KEYS}
+    total = sum(walls.values())
+    assert abs(total - 1) <= 0.01, f"wall fractions sum to {total}"
+    s = lambda col: mean(lambda r: r[col] * NS)  # noqa: E731
+    detail = {
+        "compute": {"busy_s": s("compute_exposed_ns"), "exposed_s": s("compute_exposed_ns"), "hidden_s": 0.0},
+        "communication": {
+            "busy_s": s("comm_busy_ns"),
+            "exposed_s": s("comm_exposed_ns"),
+            "hidden_s": s("comm_busy_ns") - s("comm_exposed_ns"),
+        },
+        "memory": {
+            "busy_s": s("mem_busy_ns") + s("recompute_ns"),
+            "exposed_s": s("mem_exposed_ns"),
+            "hidden_s": s("mem_busy_ns") - s("mem_copy_exposed_ns"),
+            "recompute_s": s("recompute_ns"),
+            "copy_exposed_s": s("mem_copy_exposed_ns"),
+        },
+        "host": {"busy_s": s("idle_ns"), "exposed_s": s("idle_ns"), "hidden_s": 0.0},
+    }
+    for k in WALL_KEYS:
+        detail[k]["share"] = walls[k]
+    idle = s("idle_ns")
+    host = {
+        "idle_s": idle,
+        "launch_starved_s": s("launch_starved_ns"),
+        "sync_blocked_s": s("sync_blocked_ns"),
+        "other_s": s("other_idle_ns"),
+        "launch_starved_share": (s("launch_starved_ns") / idle) if idle > 0 else 0.0,
+        "kernels_per_step": mean(lambda r: float(r["kernels"])),
+        "launches_per_step": mean(lambda r: float(r["launches"])),
+        "median_kernel_us": mean(lambda r: float(r["median_kernel_ns"] or 0) / 1000),
+    }
+    dominant = max(WALL_KEYS, key=lambda k: (walls[k], -WALL_KEYS.index(k)))
+    return {
+        "step_time_s": s("wall_ns"),
+        "walls": walls,
+        "dominant_wall": dominant,
+        "wall_detail": detail,
+        "host": host,
+        "median_step_by_rank": {str(r["rank"]): int(r["step"]) for r in rows},
+    }
+
+
+def _per_step_rows(per_step: pl.DataFrame) -> list[dict[str, Any]]:
+    out = []
+    origin = per_step.group_by("rank").agg(pl.col("win_start_ns").min().alias("_o"))
+    for r in per_step.join(origin, on="rank").sort(["rank", "step"]).to_dicts():
+        out.append(
+            {
+                "rank": int(r["rank"]),
+                "step": int(r["step"]),
+                "start_ns": int(r["win_start_ns"] - r["_o"]),  # relative: no capture-host clock
+                "wall_s": r["wall_ns"] * NS,
+                "walls": fractions(r),
+                "kernels": int(r["kernels"]),
+            }
+        )
+    return out
+
+
+def _evidence(events: pl.DataFrame, steps: Steps, obs_ev: dict[str, Any]) -> dict[str, Any]:
+    gpu = _in_windows(events, steps.table)
+    classes = {
+        row["kclass"]: {"count": int(row["count"]), "time_s": row["time_ns"] * NS, "wall": row["wall"]}
+        for row in class_table(gpu).to_dicts()
+    }
+    top = (
+        gpu.group_by("name")
+        .agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("t"), pl.col("kclass").first())
+        .sort(["t", "name"], descending=[True, False])
+        .head(10)
+    )
+    top_k = [
+        {"name": _short(r["name"]), "kclass": r["kclass"], "count": int(r["count"]), "time_s": r["t"] * NS}
+        for r in top.to_dicts()
+    ]
+    return {"classes": classes, "top_kernels": top_k, **obs_ev}
+
+
+def _short(name: str, limit: int = 160) -> str:
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+def _inputs(trace: Trace, files: Sequence[Path]) -> list[dict[str, Any]]:
+    """One entry per input file: name (no directories), format, ranks, size and digest."""
+    by_src: dict[str, dict[str, Any]] = {}
+    for r in trace.ranks.sort("rank").to_dicts():
+        src = Path(str(r.get("source") or "")).name
+        e = by_src.setdefault(
+            src, {"file": src, "format": r.get("format") or "kineto", "ranks": [], "graph_trace_mode": r.get("graph_trace_mode")}
+        )
+        e["ranks"].append(int(r["rank"]))
+    for f in files:
+        e = by_src.setdefault(f.name, {"file": f.name, "format": "kineto", "ranks": []})
+        try:
+            e["bytes"] = f.stat().st_size
+            e["sha256"] = _sha256(f)
+        except OSError:
+            pass
+    return [by_src[k] for k in sorted(by_src)]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _warnings(trace: Trace, steps: Steps, events: pl.DataFrame, observed: dict[str, Any]) -> list[str]:
+    w = list(trace.warnings) + list(steps.warnings)
+    modes = set(trace.ranks.get_column("graph_trace_mode").drop_nulls().to_list()) if trace.ranks.height else set()
+    graph_rows = events.filter(pl.col("kind") == "graph").height
+    if graph_rows or ("graph" in {m.lower() for m in modes} and observed["cuda_graph_replay"]):
+        w.append(
+            "graph-level trace (nsys --cuda-graph-trace=graph): kernels inside graph replays are not "
+            "listed, so their classes are unknown; re-capture with --cuda-graph-trace=node"
+        )
+    if steps.source == "profiler_step" and steps.dropped:
+        w.append(
+            f"dropped incomplete step(s) {', '.join(map(str, steps.dropped))} "
+            "(last ProfilerStep is cut by the profiler window; HTA drops it too)"
+        )
+    return w
+
+
+def _load_contract(contract: str | Path | dict[str, Any] | None) -> dict[str, Any] | None:
+    """A contract dict, or a YAML/JSON file (read only; validation is `moetune contract check`)."""
+    if contract is None or isinstance(contract, dict):
+        return contract
+    from analyzer.contract import read_document
+
+    doc = read_document(contract)
+    if not isinstance(doc, dict):
+        raise UserError("contract is not a mapping of sections", path=contract)
+    return doc
+
+
+def normalize(obj: Any) -> Any:
+    """Deterministic document: sorted keys, rounded floats (seconds to µs, fractions to 1e-4)."""
+    if isinstance(obj, dict):
+        return {str(k): _round_field(str(k), normalize(v)) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (list, tuple)):
+        return [normalize(v) for v in obj]
+    return obj
+
+
+def _round_field(key: str, v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, SECONDS_DIGITS if key.endswith(("_s", "_us")) else FRACTION_DIGITS + 2)
+    if isinstance(v, dict) and set(v) == set(WALL_KEYS):
+        return {k: round(x, FRACTION_DIGITS) if isinstance(x, float) else x for k, x in v.items()}
+    return v

@@ -1,0 +1,190 @@
+"""Observed backend facts: what really ran, each with the counts and times that prove it.
+
+Every fact is read from GPU/runtime rows inside the analyzed step windows, never from a config:
+a `moe_token_dispatcher_type=flex` dump proves nothing if DeepEP kernels never ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from analyzer.frames import GPU_KINDS, require
+from analyzer.intervals import END, START, clip, sweep, total, union
+
+NS = 1e-9
+
+
+def _in_windows(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """GPU rows starting inside an analyzed step window (with their step)."""
+    win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
+    return (
+        events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS))
+        .join(win, on="rank", how="inner")
+        .filter((pl.col("ts_ns") >= pl.col("win_start_ns")) & (pl.col("ts_ns") < pl.col("win_end_ns")))
+        .drop("win_start_ns", "win_end_ns")
+    )
+
+
+def _stat(df: pl.DataFrame) -> dict[str, Any]:
+    return {"count": df.height, "time_s": round(float(df.get_column("dur_ns").sum() or 0) * NS, 9)}
+
+
+def cuda_graph_replay(events: pl.DataFrame, gpu: pl.DataFrame) -> tuple[bool, dict[str, Any]]:
+    """Kernels correlated to a graph launch, carrying a graph node id, or nsys graph-replay rows."""
+    gl = events.filter(pl.col("rclass") == "graph_launch").select("rank", "correlation").unique()
+    by_launch = gpu.join(gl, on=["rank", "correlation"], how="semi")
+    by_node = gpu.filter(pl.col("graph_node_id").fill_null(0) != 0)
+    graph_rows = gpu.filter(pl.col("kind") == "graph")
+    launches = events.filter(pl.col("rclass") == "graph_launch").height
+    kernels = pl.concat([by_launch, by_node]).unique().height
+    ev = {
+        "graph_launches": launches,
+        "graph_kernels": kernels,
+        "graph_replay_rows": graph_rows.height,
+    }
+    return bool(kernels or graph_rows.height), ev
+
+
+def grouped_gemm(gpu: pl.DataFrame, *, main_stream: dict[int, int]) -> tuple[bool, dict[str, Any]]:
+    """One CUTLASS grouped kernel, or expert GEMMs fanned out over ≥2 side streams (TE multi-stream
+    cuBLAS). Serialized per-expert GEMMs on one stream are not grouped. Fan-out, not measured
+    concurrency, is the proof: on a launch-bound run small GEMMs on 4 streams rarely overlap
+    (fixtures/traces/gpu_experts_multistream: 36 side-stream GEMMs, never two at once)."""
+    cutlass = gpu.filter(pl.col("kclass") == "compute.gemm.grouped_cutlass")
+    gemms = gpu.filter(pl.col("kclass").str.starts_with("compute.gemm.")).with_columns(
+        pl.col("rank").replace_strict(main_stream, default=None).alias("_main")
+    )
+    side = gemms.filter(pl.col("stream") != pl.col("_main"))
+    concurrent_ns = 0
+    max_streams = 0
+    if side.height:
+        layers = {
+            f"s{s}": side.filter(pl.col("stream") == s).select(
+                "rank", pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END)
+            )
+            for s in sorted(set(side.get_column("stream").drop_nulls().to_list()))
+        }
+        seg = sweep(layers, by=["rank"]).with_columns(
+            pl.sum_horizontal([pl.col(n).cast(pl.Int32) for n in layers]).alias("_n")
+        )
+        max_streams = int(seg.get_column("_n").max() or 0)
+        conc = seg.filter(pl.col("_n") >= 2)
+        concurrent_ns = int(conc.select((pl.col(END) - pl.col(START)).sum()).item() or 0)
+    side_streams = side.select(pl.struct("rank", "stream").n_unique()).item() if side.height else 0
+    ev = {
+        "cutlass_grouped_kernels": cutlass.height,
+        "side_stream_gemms": side.height,
+        "side_streams": int(side_streams),
+        "max_concurrent_side_streams": max_streams,
+        "concurrent_side_gemm_s": round(concurrent_ns * NS, 9),
+    }
+    return bool(cutlass.height or max_streams >= 2 or side_streams >= 2), ev
+
+
+def dispatcher_backend(
+    gpu: pl.DataFrame, events: pl.DataFrame, comms: pl.DataFrame, *, hint: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """deepep | hybridep | nccl_alltoall | nccl_allgather | none | unknown, by kernel evidence."""
+    k = gpu.get_column("kclass")
+    n = {c: int((k.str.starts_with(c)).sum()) for c in (
+        "comm.deepep.", "comm.hybridep.", "comm.nccl.sendrecv", "comm.nccl.allgather", "comm.")}
+    a2a_ann = events.filter(
+        (pl.col("kind").cast(pl.String).is_in(["annotation", "cpu_op"]))
+        & pl.col("name").str.contains(r"(?i)all_?to_?all")
+    ).height
+    a2a_meta = comms.filter(pl.col("collective").str.contains(r"(?i)all_?to_?all")).height if comms.height else 0
+    ev = {
+        "deepep_kernels": n["comm.deepep."],
+        "hybridep_kernels": n["comm.hybridep."],
+        "nccl_sendrecv_kernels": n["comm.nccl.sendrecv"],
+        "nccl_allgather_kernels": n["comm.nccl.allgather"],
+        "alltoall_host_calls": a2a_ann + a2a_meta,
+        "comm_kernels": n["comm."],
+    }
+    if n["comm.hybridep."]:
+        return "hybridep", ev
+    if n["comm.deepep."]:
+        return "deepep", ev
+    if n["comm.nccl.sendrecv"] and (a2a_ann or a2a_meta):
+        return "nccl_alltoall", ev
+    if hint == "allgather" and n["comm.nccl.allgather"]:
+        return "nccl_allgather", ev
+    if n["comm.nccl.sendrecv"]:
+        # SendRecv without all-to-all calls may be EP dispatch, PP P2P or a CP ring: ambiguous
+        return "unknown", ev
+    # no EP-dispatch signature (any other comm is DP/TP collectives)
+    return "none", ev
+
+
+def observe(
+    events: pl.DataFrame,
+    steps: pl.DataFrame,
+    per_step: pl.DataFrame,
+    *,
+    comms: pl.DataFrame | None = None,
+    dispatcher_hint: str | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(observed, evidence) for the analyzed steps. `events` must be classified; `per_step` is
+    walls.attribute_walls output (for recompute time)."""
+    require(events, ("kclass", "wall", "rclass"), what="classified events")
+    gpu = _in_windows(events, steps)
+    main_stream = _main_streams(gpu)
+    graphs, g_ev = cuda_graph_replay(events, gpu)
+    fp8 = gpu.filter(pl.col("kclass") == "compute.gemm.fp8")
+    grouped, gg_ev = grouped_gemm(gpu, main_stream=main_stream)
+    backend, d_ev = dispatcher_backend(
+        gpu, events, comms if comms is not None else pl.DataFrame(), hint=dispatcher_hint
+    )
+    rc_ns = int(per_step.get_column("recompute_busy_ns").sum())
+    compute_busy = int(per_step.get_column("compute_exposed_ns").sum()) + rc_ns
+    wall_ns = int(per_step.get_column("wall_ns").sum())
+    off = gpu.filter(pl.col("kclass") == "memory.offload")
+    # Activation/optimizer offload moves data both ways; one-way pinned HtoD is input or weight
+    # loading, not offload.
+    both = off.group_by("rank").agg(pl.col("copy_kind").n_unique().alias("_k")).filter(pl.col("_k") >= 2)
+    one_way = off.join(both, on="rank", how="anti").height
+    off = off.join(both.select("rank"), on="rank", how="semi")
+    win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
+    off_iv = off.select("rank", pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END))
+    off_clipped = clip(union(off_iv, by=["rank"]), win, on=["rank"], window_cols=["step"])
+    off_ns = int(total(off_clipped, by=["rank", "step"]).get_column("len_ns").sum() or 0)
+    observed = {
+        "cuda_graph_replay": graphs,
+        "fp8_gemm": fp8.height > 0,
+        "grouped_gemm": grouped,
+        "dispatcher_backend": backend,
+        # share of GPU compute busy time spent re-running forward work
+        "recompute_fraction": _frac(rc_ns, compute_busy),
+        # share of step wall time with an offload copy (large pinned DtoH/HtoD) in flight
+        "offload_copy_fraction": _frac(off_ns, wall_ns),
+    }
+    evidence = {
+        **g_ev,
+        "fp8_gemm": _stat(fp8),
+        "grouped_gemm": gg_ev,
+        "dispatcher": d_ev,
+        "recompute": {"busy_s": round(rc_ns * NS, 9), "compute_busy_s": round(compute_busy * NS, 9)},
+        "offload": {**_stat(off), "in_flight_s": round(off_ns * NS, 9), "one_way_large_copies": one_way},
+        "main_stream": {str(r): s for r, s in sorted(main_stream.items())},
+    }
+    return observed, evidence
+
+
+def _main_streams(gpu: pl.DataFrame) -> dict[int, int]:
+    """Per rank, the stream with the most compute kernel time (the default compute stream)."""
+    c = gpu.filter((pl.col("wall") == "compute") & pl.col("stream").is_not_null())
+    if c.height == 0:
+        return {}
+    t = c.group_by(["rank", "stream"]).agg(pl.col("dur_ns").sum()).sort(
+        ["rank", "dur_ns", "stream"], descending=[False, True, False]
+    )
+    top = t.group_by("rank", maintain_order=True).first()
+    return {int(r): int(s) for r, s in zip(top["rank"], top["stream"], strict=True)}
+
+
+def _frac(num: int, den: int) -> float:
+    if den <= 0:
+        return 0.0
+    return min(1.0, max(0.0, num / den))

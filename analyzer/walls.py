@@ -1,0 +1,238 @@
+"""Wall attribution: where each step's wall time goes, from interval unions across all streams.
+
+Per (rank, step) window, by priority (never summed kernel time):
+  compute exposed       = ∪compute                        (recompute kernels excluded, see below)
+  recompute exposed     = ∪recompute − ∪compute            → charged to the memory wall
+  communication exposed = ∪comm − ∪(compute ∪ recompute)
+  memory exposed        = ∪memory − ∪(compute ∪ recompute ∪ comm)  (+ recompute exposed)
+  host                  = window − ∪all GPU work            (the GPU is idle)
+hidden = busy − exposed. Recompute (forward kernels re-run in backward) exists only to save
+memory, so its time is a memory-wall cost.
+
+Host idle is split by cause, in this order: sync_blocked (a host thread is inside a blocking sync or
+copy while the GPU idles), launch_starved (the launch call of the GPU op that ends the gap had not
+returned yet), other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from analyzer.classify import KernelClasses, load_classes, match_expr
+from analyzer.frames import GPU_KINDS, require
+from analyzer.intervals import END, START, clip, sweep, union
+
+BY = ["rank", "step"]
+WALL_KEYS = ("compute", "communication", "memory", "host")
+SUM_TOLERANCE = 0.01
+
+
+def _iv(df: pl.DataFrame) -> pl.DataFrame:
+    return df.select("rank", pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END))
+
+
+def recompute_launches(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> pl.DataFrame:
+    """(rank, correlation) of launches that re-run forward work inside a recompute region.
+
+    Regions are host ranges named like activation checkpointing (`CheckpointFunctionBackward`,
+    `recompute`, …; kernel_classes.yaml `recompute.regions`). Launches under a backward op that
+    itself starts inside the region are the checkpoint's own backward pass, not recompute.
+    """
+    cl = classes or load_classes()
+    out_schema = {"rank": pl.Int32, "correlation": pl.Int64}
+    if not cl.recompute_regions:
+        return pl.DataFrame(schema=out_schema)
+    host = events.filter(pl.col("kind").cast(pl.String).is_in(["cpu_op", "annotation"]))
+    is_region = match_expr(cl.recompute_regions)
+    regions = host.filter(is_region)
+    if regions.height == 0:
+        return pl.DataFrame(schema=out_schema)
+    by = ["rank", "tid"]
+    reg_iv = regions.select(*by, pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END))
+    reg_u = union(reg_iv, by=by)
+    bwd = host.filter(match_expr(cl.backward_ops) & ~is_region).select(
+        *by, pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END)
+    )
+    # only backward ops that start inside a region (the region's own backward), not enclosing ones
+    bwd_in = (
+        bwd.sort(START)
+        .join_asof(
+            reg_u.rename({START: "r_start", END: "r_end"}).sort("r_start"),
+            left_on=START, right_on="r_start", by=by, strategy="backward", check_sortedness=False,
+        )
+        .filter(pl.col("r_end").is_not_null() & (pl.col(START) < pl.col("r_end")))
+        .select(*by, START, END)
+    )
+    seg = sweep({"reg": reg_iv, "bwd": bwd_in}, by=by)
+    fwd_time = union(seg.filter(pl.col("reg") & ~pl.col("bwd")).select(*by, START, END), by=by)
+    launches = events.filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+    hit = (
+        launches.select(*by, "correlation", "ts_ns")
+        .sort("ts_ns")
+        .join_asof(
+            fwd_time.sort(START), left_on="ts_ns", right_on=START, by=by, strategy="backward",
+            check_sortedness=False,
+        )
+        .filter(pl.col(END).is_not_null() & (pl.col("ts_ns") < pl.col(END)))
+    )
+    return hit.select(pl.col("rank").cast(pl.Int32), pl.col("correlation").cast(pl.Int64)).unique()
+
+
+def gpu_layers(events: pl.DataFrame, recompute: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """Per-rank GPU intervals by wall; compute kernels launched for recompute go to `recompute`."""
+    require(events, ("kind", "wall", "correlation"), what="classified events")
+    gpu = events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS) & (pl.col("dur_ns") > 0))
+    rc = recompute.with_columns(pl.lit(True).alias("_rc"))
+    gpu = gpu.join(rc, on=["rank", "correlation"], how="left").with_columns(
+        (pl.col("_rc").fill_null(False) & (pl.col("wall") == "compute")).alias("_rc")
+    )
+    w = pl.col("wall").cast(pl.String)
+    return {
+        "c": _iv(gpu.filter((w == "compute") & ~pl.col("_rc"))),
+        "rc": _iv(gpu.filter(pl.col("_rc"))),
+        "comm": _iv(gpu.filter(w == "communication")),
+        "mem": _iv(gpu.filter(w == "memory")),
+    }
+
+
+def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """Per-rank host causes of GPU idleness: blocking sync/copy calls, launch-starved gaps."""
+    require(events, ("kind", "rclass", "blocking"), what="classified events")
+    sync = _iv(events.filter(pl.col("blocking") & (pl.col("dur_ns") > 0)))
+    gpu = events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS) & (pl.col("dur_ns") > 0))
+    u = union(_iv(gpu), by=["rank"]).with_columns(
+        pl.col(END).shift(1).over("rank").alias("gap_start")
+    ).filter(pl.col("gap_start").is_not_null() & (pl.col(START) > pl.col("gap_start")))
+    # the op(s) that end each gap, and when their launch call returned
+    launches = events.filter(
+        (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()
+    ).group_by(["rank", "correlation"]).agg((pl.col("ts_ns") + pl.col("dur_ns")).min().alias("launch_end"))
+    first_ops = (
+        gpu.select("rank", "correlation", pl.col("ts_ns").alias(START))
+        .join(launches, on=["rank", "correlation"], how="inner")
+        .group_by(["rank", START])
+        .agg(pl.col("launch_end").min())
+    )
+    starved = (
+        u.join(first_ops, on=["rank", START], how="inner")
+        .filter(pl.col("launch_end") > pl.col("gap_start"))
+        .select(
+            "rank",
+            pl.col("gap_start").alias(START),
+            pl.min_horizontal("launch_end", START).alias(END),
+        )
+    )
+    return {"sync": sync, "starved": starved}
+
+
+def attribute_walls(
+    events: pl.DataFrame,
+    steps: pl.DataFrame,
+    *,
+    recompute: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """One row per (rank, step): window and the ns of every wall component (see module doc).
+
+    `events` must be classified (classify.classify); `steps` is Steps.table.
+    """
+    require(steps, ("rank", "step", "win_start_ns", "win_end_ns"), what="steps")
+    rc = recompute if recompute is not None else recompute_launches(events)
+    layers = gpu_layers(events, rc) | host_layers(events)
+    win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
+    clipped = {
+        k: clip(union(v, by=["rank"]), win, on=["rank"], window_cols=["step"]) for k, v in layers.items()
+    }
+    clipped["win"] = win.select("rank", "step", pl.col("win_start_ns").alias(START), pl.col("win_end_ns").alias(END))
+    seg = sweep(clipped, by=BY)
+    c, r, m, k = pl.col("c"), pl.col("rc"), pl.col("comm"), pl.col("mem")
+    busy = c | r | m | k
+    idle = pl.col("win") & ~busy
+    length = pl.col(END) - pl.col(START)
+    parts: dict[str, pl.Expr] = {
+        "compute_exposed_ns": c,
+        "recompute_ns": r & ~c,
+        "recompute_busy_ns": r,
+        "comm_busy_ns": m,
+        "comm_exposed_ns": m & ~c & ~r,
+        "mem_busy_ns": k,
+        "mem_copy_exposed_ns": k & ~c & ~r & ~m,
+        "busy_ns": busy,
+        "idle_ns": idle,
+        "sync_blocked_ns": idle & pl.col("sync"),
+        "launch_starved_ns": idle & ~pl.col("sync") & pl.col("starved"),
+    }
+    seg = seg.filter(pl.col("win"))
+    agg = seg.group_by(BY).agg([(length * e.cast(pl.Int64)).sum().alias(n) for n, e in parts.items()])
+    out = win.with_columns((pl.col("win_end_ns") - pl.col("win_start_ns")).alias("wall_ns")).join(
+        agg, on=BY, how="left"
+    )
+    out = out.with_columns([pl.col(n).fill_null(0) for n in parts])
+    out = out.with_columns(
+        (pl.col("idle_ns") - pl.col("sync_blocked_ns") - pl.col("launch_starved_ns")).alias("other_idle_ns"),
+        (pl.col("mem_copy_exposed_ns") + pl.col("recompute_ns")).alias("mem_exposed_ns"),
+    )
+    out = out.join(_counts(events, steps), on=BY, how="left").with_columns(
+        pl.col("kernels").fill_null(0), pl.col("launches").fill_null(0)
+    )
+    check_sums(out)
+    return out.sort(BY)
+
+
+def _counts(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Kernels starting in each window, launch calls in each host step, median kernel duration."""
+    win = steps.select("rank", "step", "win_start_ns", "win_end_ns", "start_ns", "end_ns")
+    k = (
+        events.filter(pl.col("kind") == "kernel")
+        .select("rank", "ts_ns", "dur_ns")
+        .join(win, on="rank")
+        .filter((pl.col("ts_ns") >= pl.col("win_start_ns")) & (pl.col("ts_ns") < pl.col("win_end_ns")))
+        .group_by(BY)
+        .agg(pl.len().alias("kernels"), pl.col("dur_ns").median().alias("median_kernel_ns"))
+    )
+    la = (
+        events.filter(pl.col("rclass").cast(pl.String).is_in(["launch", "graph_launch"]))
+        .select("rank", "ts_ns")
+        .join(win, on="rank")
+        .filter((pl.col("ts_ns") >= pl.col("start_ns")) & (pl.col("ts_ns") < pl.col("end_ns")))
+        .group_by(BY)
+        .agg(pl.len().alias("launches"))
+    )
+    return win.select(BY).join(k, on=BY, how="left").join(la, on=BY, how="left")
+
+
+def fractions(row: dict[str, Any]) -> dict[str, float]:
+    """Wall fractions of one per-step row (exposed times / window)."""
+    w = row["wall_ns"] or 0
+    if w <= 0:
+        return dict.fromkeys(WALL_KEYS, 0.0)
+    return {
+        "compute": (row["compute_exposed_ns"]) / w,
+        "communication": row["comm_exposed_ns"] / w,
+        "memory": row["mem_exposed_ns"] / w,
+        "host": row["idle_ns"] / w,
+    }
+
+
+def check_sums(per_step: pl.DataFrame) -> None:
+    """Exposed components must tile each window: a violation is a bug, not bad input."""
+    s = per_step.select(
+        (
+            pl.col("compute_exposed_ns") + pl.col("comm_exposed_ns") + pl.col("mem_exposed_ns") + pl.col("idle_ns")
+        ).alias("s"),
+        "wall_ns",
+    )
+    bad = s.filter(
+        (pl.col("wall_ns") > 0) & ((pl.col("s") / pl.col("wall_ns") - 1).abs() > SUM_TOLERANCE)
+    )
+    assert bad.height == 0, f"wall fractions do not sum to 1: {bad.head(3).to_dicts()}"
+
+
+def median_step(per_step: pl.DataFrame) -> pl.DataFrame:
+    """Per rank, the step whose wall time is the median (lower median for an even count), so the
+    reported decomposition is one real step's and its fractions sum to 1 exactly."""
+    ranked = per_step.sort(["rank", "wall_ns", "step"]).with_columns(
+        pl.int_range(pl.len()).over("rank").alias("_i"), pl.len().over("rank").alias("_n")
+    )
+    return ranked.filter(pl.col("_i") == (pl.col("_n") - 1) // 2).drop("_i", "_n").sort("rank")

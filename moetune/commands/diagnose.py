@@ -1,0 +1,44 @@
+"""`moetune diagnose PATH... [--window A:B] [--json] [--contract FILE] [--step-range NAME]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from moetune.errors import UserError
+
+# The lead ships a real GPU trace here; `moetune diagnose` with no PATH reads it.
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "gpu_mcore_hostbound" / "trace.json.gz"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "diagnose",
+        help="attribute step time to compute / communication / memory / host walls",
+        description="Read PyTorch-profiler (Kineto) traces or Nsight Systems SQLite exports (one "
+        "file or directory per rank) and say where each training step's time goes.",
+    )
+    p.add_argument("paths", nargs="*", metavar="PATH", help="trace files or directories (default: the shipped example trace)")
+    p.add_argument("--window", metavar="A:B", help="analyze steps A..B (inclusive step ids)")
+    p.add_argument("--json", action="store_true", help="print only the diagnosis document (JSON)")
+    p.add_argument("--contract", metavar="FILE", help="measurement contract (YAML/JSON)")
+    p.add_argument("--step-range", metavar="NAME", help="annotation/NVTX range name that marks one step")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from analyzer.diagnose import diagnose
+    from moetune.render import render_diagnosis, render_warnings
+
+    paths = list(args.paths) or [DEFAULT_TRACE]
+    if not args.paths and not DEFAULT_TRACE.exists():
+        raise UserError("no PATH given and the default example trace is missing", path=DEFAULT_TRACE)
+    doc = diagnose(paths, window=args.window, contract=args.contract, step_range=args.step_range)
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    else:
+        render_diagnosis(doc)
+    render_warnings(doc.get("warnings", []))
+    return 0

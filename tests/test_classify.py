@@ -1,0 +1,116 @@
+"""Kernel/runtime classification from kernel_classes.yaml, on signatures and real traces."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from analyzer.classify import class_table, classify, load_classes
+from moetune.errors import UserError
+from tests.diagnose_synthetic import ev, frame
+
+# Signatures from trace-formats.md §3 (and corpus kernel names) → expected class.
+SIGNATURES = [
+    ("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*)", "comm.deepep.dispatch"),
+    ("void deep_ep::legacy::internode::combine<true, 8>(int4*)", "comm.deepep.combine"),
+    ("void deep_ep::layout::get_dispatch_layout<256, 32, 8>(long const*)", "comm.deepep.dispatch"),
+    ("void hybrid_ep::dispatch_kernel<128, true>(hybrid_ep::Params)", "comm.hybridep.dispatch"),
+    ("void hybrid_ep::combine_kernel<128>(hybrid_ep::Params)", "comm.hybridep.combine"),
+    ("hybrid_ep::device_sync_kernel", "comm.hybridep.other"),
+    ("nvshmemi_transfer_rma_kernel", "comm.nvshmem"),
+    ("userbuffers_fp16_sum_inplace_gpu_rr_rs_oop", "comm.userbuffers"),
+    ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", "comm.nccl.sendrecv"),
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "comm.nccl.sendrecv"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "comm.nccl.allreduce"),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*)", "comm.nccl.allgather"),
+    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevComm*)", "comm.nccl.reducescatter"),
+    ("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*)", "comm.nccl.broadcast"),
+    ("ncclDevKernel_Generic(ncclDevComm*)", "comm.nccl.other"),
+    ("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128", "compute.gemm.fp8"),
+    ("nvjet_qqtst_128x256_64x4_2x1_v_bz_Avec32UE8M0_Bvec32UE8M0_TNT", "compute.gemm.fp8"),
+    ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT", "compute.gemm.other"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "compute.gemm.bf16"),
+    ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<int>>>", "compute.gemm.grouped_cutlass"),
+    ("volta_sgemm_128x32_nt", "compute.gemm.other"),
+    ("Cijk_Ailk_Bljk_SB_MT64x64x16", "compute.gemm.other"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", "compute.attention"),
+    ("void transformer_engine::fused_router::fused_topk_with_score_function_forward_kernel<float>", "compute.router"),
+    ("_row_id_map_pass_1_kernel", "compute.permute"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "compute.elementwise"),
+    ("some_unknown_kernel", "compute.other"),
+]
+
+
+@pytest.mark.parametrize(("name", "kclass"), SIGNATURES)
+def test_signatures(name: str, kclass: str) -> None:
+    out = classify(frame([ev("kernel", name, 0, 10)]))
+    assert out["kclass"].to_list() == [kclass]
+    assert out["wall"].cast(pl.String).to_list() == [kclass.split(".")[0].replace("comm", "communication")]
+
+
+def test_copies_offload_and_runtime_classes() -> None:
+    rows = [
+        ev("memcpy", "Memcpy DtoH (Device -> Pinned)", 0, 5, copy_kind="DtoH", bytes=4),
+        ev("memcpy", "Memcpy DtoH (Device -> Pinned)", 0, 5, copy_kind="DtoH", bytes=8 << 20),
+        ev("memcpy", "Memcpy HtoD (Pageable -> Device)", 0, 5, copy_kind="HtoD", bytes=8 << 20),
+        ev("memset", "Memset (Device)", 0, 5),
+        ev("runtime", "cudaLaunchKernel", 0, 5),
+        ev("runtime", "cuLaunchKernelEx", 0, 5),
+        ev("runtime", "hipExtModuleLaunchKernel", 0, 5),
+        ev("runtime", "cudaGraphLaunch_v10000", 0, 5),
+        ev("runtime", "cudaStreamSynchronize", 0, 5),
+        ev("runtime", "cudaMemcpy", 0, 5),
+        ev("runtime", "cudaMemcpyAsync", 0, 5),
+        ev("runtime", "cudaEventRecord", 0, 5),
+        ev("runtime", "cudaStreamWaitEvent", 0, 5),
+        ev("runtime", "cudaFuncSetAttribute", 0, 5),
+        ev("sync", "Stream Sync", 0, 5, sync_kind="stream_sync"),
+        ev("sync", "Stream Wait Event", 0, 5, sync_kind="stream_wait_event"),
+        ev("cpu_op", "aten::mm", 0, 5),
+    ]
+    out = classify(frame(rows))
+    assert out["kclass"].to_list()[:4] == ["memory.memcpy.dtoh", "memory.offload", "memory.memcpy.htod", "memory.memset"]
+    assert out["rclass"].cast(pl.String).to_list()[4:] == [
+        "launch", "launch", "launch", "graph_launch", "sync", "memcpy_api", "memcpy_api",
+        "event_record", "stream_wait_event", "other", "sync", "sync", None,
+    ]
+    assert out["blocking"].to_list()[4:] == [False] * 4 + [True, True] + [False] * 4 + [True, False, False]
+    assert out.height == len(rows)
+
+
+def test_real_trace_nccl_counts(corpus) -> None:
+    from analyzer.readers import load_trace
+
+    ev_ = classify(load_trace([corpus / "public/kineto/hta_a100_2rank_nccl.json.gz"]).events)
+    t = {r["kclass"]: r["count"] for r in class_table(ev_).to_dicts()}
+    # README §2: 21 NCCL kernels = 15 AllReduce + 6 Broadcast; 2,700 kernels in all
+    assert (t["comm.nccl.allreduce"], t["comm.nccl.broadcast"]) == (15, 6)
+    assert ev_.filter(pl.col("kind") == "kernel").height == 2700
+    assert ev_.filter((pl.col("kind") == "kernel") & pl.col("kclass").is_null()).height == 0
+
+    ev2 = classify(load_trace([corpus / "public/kineto/hta_a100_alltoall_rank3of8.json.gz"]).events)
+    t2 = {r["kclass"]: r["count"] for r in class_table(ev2).to_dicts()}
+    assert (t2["comm.nccl.sendrecv"], t2["comm.nccl.allreduce"]) == (42, 18)
+
+
+def test_rocm_hip_kernels_are_not_communication(corpus) -> None:
+    # HTA classifies every ^hip kernel as COMM; ours must not (trace-formats §4.1).
+    from analyzer.readers import load_trace
+
+    ev_ = classify(load_trace([corpus / "public/kineto/hta_mi250_minitoy.json.gz"]).events)
+    k = ev_.filter(pl.col("kind") == "kernel")
+    assert k.height == 14
+    assert set(k["wall"].cast(pl.String)) == {"compute"}
+    assert ev_.filter(pl.col("name") == "hipLaunchKernel")["rclass"].cast(pl.String).unique().to_list() == ["launch"]
+
+
+def test_invalid_yaml_is_a_user_error(tmp_path) -> None:
+    bad = tmp_path / "classes.yaml"
+    bad.write_text("schema: moetune.kernel_classes/1\ngpu:\n  - kclass: Compute.X\n    wall: gpu\n    match: {}\nruntime: []\n")
+    with pytest.raises(UserError, match="invalid kernel classes"):
+        load_classes(bad)
+
+
+def test_shipped_yaml_validates() -> None:
+    cl = load_classes()
+    assert "comm.deepep.dispatch" in cl.kclasses and cl.size_thresholds == [1 << 20]
