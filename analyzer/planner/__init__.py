@@ -1,0 +1,19 @@
+"""Fit and scale planner: memory model (memory.py), legal Parallel Folding layouts (layouts.py),
+ranked fit plans (plan.py). See docs/planner.md."""
+
+from analyzer.planner.layouts import Topology, enumerate_layouts
+from analyzer.planner.memory import (
+    FitOptions,
+    Layout,
+    ModelSpec,
+    Workload,
+    estimate_memory,
+    model_spec,
+)
+from analyzer.planner.plan import Outcome, Plan, plan_fit, read_contract, request_from_contract
+
+__all__ = [
+    "FitOptions", "Layout", "ModelSpec", "Outcome", "Plan", "Topology", "Workload",
+    "enumerate_layouts", "estimate_memory", "model_spec", "plan_fit", "read_contract",
+    "request_from_contract",
+]

@@ -1,0 +1,543 @@
+"""Per-GPU memory model of Megatron-Core MoE GPT training (pure arithmetic, bytes).
+
+Sources, cited where each term is computed:
+- [TMU] Megatron-LM `megatron/training/theoretical_memory_usage.py` (parameter counts incl. MLA and
+  MTP; 18 bytes/param, or 6 + 12/DP with the distributed optimizer; the interleaved in-flight factor).
+- [KOR] Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+  (arXiv 2205.05198) Table 2: per-layer activations 34·sbh + 5·as²b bytes; SP shards the 10·sbh
+  norm/dropout part by TP, selective recompute removes the 5·as²b attention part.
+- [SCHED] megatron-core 0.16 `pipeline_parallel/schedules.py` `get_pp_rank_microbatches`: warmup
+  micro-batches (PP−r−1) for 1F1B; (PP−r−1)·2 + (VPP−1)·PP for interleaved, +1 with EP overlap.
+- [OPT] megatron-core 0.16 `optimizer/__init__.py`: dense optimizer state is sharded over the
+  DP×CP group (`intra_dp_cp_group`), expert state over the expert-DP group (EDP).
+- [EXP] megatron-core 0.16 `transformer/moe/experts.py`: router probs are applied inside the
+  activation (`activation_func_with_probs`), so the expert FC2 output is not kept for unpermute.
+
+Deliberate simplifications (docs/planner.md lists them): fused (flash) attention, so only Q, K, V,
+the output and the softmax statistics are saved and `core_attn` recompute saves ~nothing
+(MB-recomp measured −0.01 %); no dropout; fused SwiGLU; bias-free linears.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
+
+from moetune.errors import UserError
+
+GIB = float(1 << 30)
+
+# Allocator and runtime terms. Knowledge that changes: calibrate against measured peaks
+# (fixtures/planner/measured.json) and move to YAML when the planner gets a data file.
+CUDA_CONTEXT_BYTES = 1.5 * GIB  # CUDA context + cuBLAS/cuDNN workspaces + NCCL communicator buffers
+FRAGMENTATION = {True: 0.03, False: 0.10}  # of dynamic memory; key: expandable_segments
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron default; padded to a multiple of this × TP
+
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                     "shared_experts")
+
+
+# --------------------------------------------------------------------------------------------
+# model
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """Dimensions of an MoE GPT, Megatron argument names; `moe_pattern[i]` is 1 for an MoE layer."""
+
+    name: str | None
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    kv_channels: int
+    num_experts: int  # 0 for a dense model
+    moe_router_topk: int
+    moe_ffn_hidden_size: int
+    moe_shared_expert_intermediate_size: int
+    moe_pattern: tuple[int, ...]
+    vocab_size: int
+    mtp_num_layers: int
+    multi_latent_attention: bool
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_head_dim: int
+    qk_pos_emb_head_dim: int
+    v_head_dim: int
+    swiglu: bool
+    untie_embeddings_and_output_weights: bool
+    norm_params: int  # per normalized element: 1 RMSNorm, 2 LayerNorm
+    qk_layernorm: bool
+
+
+def parse_moe_layer_freq(value: Any, num_layers: int, *, path: str | None = None) -> tuple[int, ...]:
+    """Megatron `--moe-layer-freq`: int N (layer i is MoE when i % N == 0), a 0/1 list, or a
+    pattern string such as "([0]*3+[1]*58)" (parsed, never evaluated)."""
+    if isinstance(value, bool):
+        raise UserError(f"model.moe_layer_freq: expected int, list or pattern, got {value}", path=path)
+    if isinstance(value, int):
+        if value < 1:
+            raise UserError(f"model.moe_layer_freq must be ≥ 1, got {value}", path=path)
+        return tuple(1 if i % value == 0 else 0 for i in range(num_layers))
+    if isinstance(value, str):
+        pattern = _parse_pattern(value.replace(" ", ""), path=path)
+    elif isinstance(value, Sequence):
+        pattern = [int(v) for v in value]
+    else:
+        raise UserError(f"model.moe_layer_freq: cannot read {value!r}", path=path)
+    if len(pattern) != num_layers or any(v not in (0, 1) for v in pattern):
+        raise UserError(
+            f"model.moe_layer_freq: pattern has {len(pattern)} entries of 0/1 expected "
+            f"{num_layers} (num_layers)", path=path)
+    return tuple(pattern)
+
+
+_TERM = re.compile(r"^\[([01](?:,[01])*)\](?:\*(\d+))?$")
+
+
+def _parse_pattern(text: str, *, path: str | None) -> list[int]:
+    """Grammar: expr := term ('+' term)*; term := '[' 0/1 list ']' ('*' int)? | '(' expr ')' ('*' int)?"""
+    def expr(s: str) -> list[int]:
+        out: list[int] = []
+        depth, start = 0, 0
+        for i, ch in enumerate(s + "+"):
+            depth += (ch == "(") - (ch == ")")
+            if ch == "+" and depth == 0:
+                out += term(s[start:i])
+                start = i + 1
+        return out
+
+    def term(s: str) -> list[int]:
+        m = re.match(r"^\((.*)\)(?:\*(\d+))?$", s)
+        if m:
+            return expr(m.group(1)) * int(m.group(2) or 1)
+        m = _TERM.match(s)
+        if not m:
+            raise UserError(f"model.moe_layer_freq: cannot parse pattern {text!r}", path=path)
+        return [int(v) for v in m.group(1).split(",")] * int(m.group(2) or 1)
+
+    return expr(text)
+
+
+def model_spec(section: Mapping[str, Any], *, path: str | None = None) -> ModelSpec:
+    """Typed model from a contract's `model` section; missing dimensions → one UserError naming all."""
+    m = dict(section or {})
+    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if m.get(k) is None]
+    if m.get("vocab_size") is None and m.get("padded_vocab_size") is None:
+        missing.append("vocab_size")
+    if "num_experts" not in m:
+        missing.append("num_experts")
+    experts = int(m.get("num_experts") or 0)
+    if experts:
+        if m.get("moe_router_topk") is None:
+            missing.append("moe_router_topk")
+        if m.get("moe_ffn_hidden_size") is None and m.get("ffn_hidden_size") is None:
+            missing.append("moe_ffn_hidden_size")
+    mla = bool(m.get("multi_latent_attention"))
+    if mla:
+        missing += [k for k in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+                    if m.get(k) is None]
+    if missing:
+        raise UserError(f"model section lacks {', '.join('model.' + k for k in missing)} "
+                        "(needed by the memory model)", path=path)
+    layers = int(m["num_layers"])
+    pattern = (parse_moe_layer_freq(m.get("moe_layer_freq", 1), layers, path=path) if experts
+               else (0,) * layers)
+    if sum(pattern) < layers and m.get("ffn_hidden_size") is None:
+        raise UserError("model section lacks model.ffn_hidden_size (dense layers need it)", path=path)
+    h, heads = int(m["hidden_size"]), int(m["num_attention_heads"])
+    kv_channels = int(m.get("kv_channels") or h // heads)
+    groups = int(m.get("num_query_groups") or heads)
+    ffn = int(m.get("ffn_hidden_size") or 0)
+    vocab = int(m.get("vocab_size") or m.get("padded_vocab_size"))
+    norm = str(m.get("normalization") or "RMSNorm")
+    return ModelSpec(
+        name=m.get("name"),
+        num_layers=layers,
+        hidden_size=h,
+        ffn_hidden_size=ffn,
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        kv_channels=kv_channels,
+        num_experts=experts,
+        moe_router_topk=int(m.get("moe_router_topk") or 0),
+        moe_ffn_hidden_size=int(m.get("moe_ffn_hidden_size") or ffn),
+        moe_shared_expert_intermediate_size=int(m.get("moe_shared_expert_intermediate_size") or 0),
+        moe_pattern=pattern,
+        vocab_size=vocab,
+        mtp_num_layers=int(m.get("mtp_num_layers") or 0),
+        multi_latent_attention=mla,
+        q_lora_rank=m.get("q_lora_rank"),
+        kv_lora_rank=int(m.get("kv_lora_rank") or 0),
+        qk_head_dim=int(m.get("qk_head_dim") or 0),
+        qk_pos_emb_head_dim=int(m.get("qk_pos_emb_head_dim") or 0),
+        v_head_dim=int(m.get("v_head_dim") or 0),
+        swiglu=bool(m.get("swiglu", True)),
+        untie_embeddings_and_output_weights=bool(m.get("untie_embeddings_and_output_weights", True)),
+        norm_params=1 if norm.lower() == "rmsnorm" else 2,
+        qk_layernorm=bool(m.get("qk_layernorm", False)),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# parameters [TMU]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerParams:
+    """Parameters of one transformer layer: TP-sharded dense, TP-replicated, and expert weights."""
+
+    dense: float  # sharded by TP (attention, dense MLP, shared expert)
+    replicated: float  # norms, router: full copy on every TP rank
+    expert: float  # sharded by ETP·EP
+
+
+def attention_params(m: ModelSpec) -> tuple[float, float]:
+    """(TP-sharded, replicated) attention parameters of one layer [TMU self_attn_term]."""
+    h, n = m.hidden_size, m.num_attention_heads
+    if m.multi_latent_attention:
+        qk, rope, v = m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim
+        if m.q_lora_rank:
+            q = m.q_lora_rank * (h + n * (qk + rope))
+            q_norm = m.q_lora_rank * m.norm_params
+        else:
+            q, q_norm = h * n * (qk + rope), 0
+        kv = m.kv_lora_rank * (h + n * (qk + v)) + h * rope
+        o = n * v * h
+        return float(q + kv + o), float(q_norm + m.kv_lora_rank * m.norm_params)
+    qd = n * m.kv_channels
+    kvd = m.num_query_groups * m.kv_channels
+    qk_norm = 2 * m.kv_channels * m.norm_params if m.qk_layernorm else 0
+    return float(h * (qd + 2 * kvd) + qd * h), float(qk_norm)
+
+
+@lru_cache(maxsize=64)
+def layer_params(m: ModelSpec, is_moe: bool) -> LayerParams:
+    h = m.hidden_size
+    gate = 3 if m.swiglu else 2  # SwiGLU FC1 is 2·F wide
+    attn, attn_rep = attention_params(m)
+    norms = 2 * h * m.norm_params
+    if not is_moe:
+        return LayerParams(attn + gate * h * m.ffn_hidden_size, attn_rep + norms, 0.0)
+    shared = gate * h * m.moe_shared_expert_intermediate_size
+    router = h * m.num_experts
+    expert = m.num_experts * gate * h * m.moe_ffn_hidden_size
+    return LayerParams(attn + shared, attn_rep + norms + router, float(expert))
+
+
+def padded_vocab(m: ModelSpec, tp: int) -> int:
+    mult = MAKE_VOCAB_SIZE_DIVISIBLE_BY * tp
+    return int(math.ceil(m.vocab_size / mult) * mult)
+
+
+def total_params(m: ModelSpec) -> dict[str, float]:
+    """Whole-model parameter count by kind (TP=1 padding), for reports and sanity tests."""
+    dense = rep = expert = 0.0
+    mtp_moe = m.moe_pattern[-1]
+    for is_moe in (*m.moe_pattern, *([mtp_moe] * m.mtp_num_layers)):
+        p = layer_params(m, bool(is_moe))
+        dense, rep, expert = dense + p.dense, rep + p.replicated, expert + p.expert
+    v = padded_vocab(m, 1) * m.hidden_size
+    emb = v * (2 if m.untie_embeddings_and_output_weights else 1)
+    mtp_extra = m.mtp_num_layers * (2 * m.hidden_size * m.hidden_size)
+    total = dense + rep + expert + emb + mtp_extra
+    active = total - expert + (expert * m.moe_router_topk / m.num_experts if m.num_experts else 0)
+    return {"total": total, "expert": expert, "dense": total - expert, "active": active}
+
+
+# --------------------------------------------------------------------------------------------
+# layout and options as the memory model sees them
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    """One Parallel Folding layout: attention TP×CP×DP×PP, MoE ETP×EP×EDP×PP (PP shared).
+
+    `stages[v]` lists the decoder-layer indices of virtual stage v (v = chunk·PP + pp_rank);
+    `pp_layout` is the `--pipeline-model-parallel-layout` string when the split is uneven."""
+
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+    vpp: int | None
+    ep: int
+    etp: int
+    edp: int
+    stages: tuple[tuple[int, ...], ...]
+    pp_layout: str | None = None
+    pp_split: Literal["even", "account_for_embedding_and_loss", "layout"] = "even"
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.tp > 1  # Megatron requires SP with TP>1 under EP; always worth it with TP
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def chunks(self) -> int:
+        return self.vpp or 1
+
+    def rank_layers(self, rank: int) -> list[int]:
+        return [i for c in range(self.chunks) for i in self.stages[c * self.pp + rank]]
+
+    def key(self) -> tuple[int, int, int, int, int | None, int, int]:
+        return (self.tp, self.cp, self.dp, self.pp, self.vpp, self.ep, self.etp)
+
+
+Recompute = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FitOptions:
+    """Memory-saving settings the planner may turn on (the fit ladder, plan.py)."""
+
+    expandable_segments: bool = True
+    distributed_optimizer: bool = True
+    recompute: Recompute = "none"
+    recompute_modules: tuple[str, ...] = ()
+    precision_aware_optimizer: bool = False  # --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16
+    optimizer_offload_fraction: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    """What the contract fixes: shapes, precision and routing."""
+
+    seq_length: int
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None
+    fp8: bool = False
+    param_bytes: int = 2  # bf16 params
+    main_grad_bytes: int = 4  # fp32 main grads (Megatron default for bf16 training) [TMU]
+    moe_imbalance: float = 1.0  # max/mean tokens per expert rank (capacity factor when dropping)
+    ep_overlap: bool = False  # one extra warmup micro-batch [SCHED]
+    fused_attention: bool = True  # False: local/unfused attention keeps the s×s scores
+    cross_entropy_fusion: bool = False  # Megatron default: unfused vocab-parallel cross entropy
+
+    def microbatches(self, dp: int) -> int | None:
+        if self.global_batch_size is None:
+            return None
+        return self.global_batch_size // (self.micro_batch_size * dp)
+
+
+# --------------------------------------------------------------------------------------------
+# activations [KOR], bytes per token of the micro-batch sequence (s·b tokens)
+
+
+def layer_activation_per_token(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions,
+                               is_moe: bool) -> dict[str, float]:
+    """Saved activations of one layer on one GPU, bytes per token of the s·b sequence, by part."""
+    h = m.hidden_size
+    tp_div = lay.tp * lay.cp  # head/FFN-sharded tensors
+    sp_div = lay.cp * (lay.tp if lay.sequence_parallel else 1)  # norm/residual tensors
+    lin = 1 if w.fp8 else 2  # FP8 keeps linear inputs in one byte
+    mods = set(opts.recompute_modules) if opts.recompute == "selective" else set()
+    if opts.recompute == "full":
+        return {"layer_input": 2 * h / sp_div}  # uniform full recompute keeps each layer's input
+    out: dict[str, float] = {"norm_inputs": 2 * (2 * h) / sp_div}
+    if "layernorm" not in mods:  # LN outputs feeding QKV and FC1/router
+        out["norm_outputs"] = 2 * lin * h / sp_div
+    n = m.num_attention_heads
+    if m.multi_latent_attention:
+        qk, rope, v = m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim
+        latent = (m.q_lora_rank or 0) + m.kv_lora_rank
+        out["mla_latents"] = (2 + lin) * latent / sp_div  # latent norm input + up-proj input
+        if "mla_up_proj" not in mods:
+            out["qkv"] = 2 * n * (2 * (qk + rope) + v) / tp_div
+        out["attn_out"] = (2 * n * v + 4 * n) / tp_div  # O + softmax stats (fp32)
+    else:
+        qd, kvd = n * m.kv_channels, m.num_query_groups * m.kv_channels
+        out["qkv"] = 2 * (qd + 2 * kvd) / tp_div
+        out["attn_out"] = (2 * qd + 4 * n) / tp_div
+    if not w.fused_attention and "core_attn" not in mods:
+        # unfused DotProductAttention (megatron-core `dot_product_attention.py`, torch softmax
+        # fallback with attention_softmax_in_fp32=True): the fp32 softmax output (4·a·s²·b) and
+        # the bf16 probabilities fed to the V bmm (2·a·s²·b) are saved [KOR's 5as²b has dropout]
+        out["attn_scores"] = 6 * n * w.seq_length / tp_div  # queries split by TP heads, CP
+    gate = 2 if m.swiglu else 1
+    if not is_moe:
+        if "mlp" not in mods:
+            f = m.ffn_hidden_size
+            out["mlp"] = (2 * gate * f + lin * f) / tp_div
+        return out
+    if "moe" in mods:
+        return out  # the MoE checkpoint keeps only its input (the LN output above)
+    e, k, f = m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size
+    out["router"] = 8 * e / sp_div  # fp32 logits + probs
+    # Per GPU the experts see s·b·k·imb·ETP/(TP·CP) token copies (ETP ranks share tokens, split
+    # F): FC1 input (h), FC1 output (gate·F/ETP), activation output = FC2 input (F/ETP) [EXP].
+    copies = k * w.moe_imbalance / tp_div
+    expert = copies * (lin * h * lay.etp + 2 * gate * f)
+    if "moe_act" not in mods:
+        expert += copies * lin * f
+    out["experts"] = expert
+    s = m.moe_shared_expert_intermediate_size
+    if s and "shared_experts" not in mods:
+        out["shared_expert"] = (2 * gate * s + lin * s) / tp_div
+    return out
+
+
+def dispatch_buffer_per_token(m: ModelSpec, lay: Layout, w: Workload) -> float:
+    """Transient all-to-all send+receive buffers of one MoE layer (hidden states × top-k)."""
+    if not m.num_experts:
+        return 0.0
+    k = m.moe_router_topk
+    return 2 * m.hidden_size * k * (1 + w.moe_imbalance * lay.etp) / (lay.tp * lay.cp)
+
+
+def inflight_layer_microbatches(lay: Layout, rank: int, n_micro: int | None,
+                                ep_overlap: bool) -> float:
+    """Micro-batch copies of this rank's layers held at the backward peak [SCHED].
+
+    1F1B: PP−r (warmup PP−r−1 plus the first steady forward). Interleaved: warmup chunks
+    (PP−r−1)·2 + (VPP−1)·PP, +1, each chunk 1/VPP of the rank's layers; for rank 0 this is
+    PP·(1 + (PP−1)/(PP·VPP)), Megatron's interleaved penalty [TMU]."""
+    pp = lay.pp
+    if pp == 1:
+        return 1.0
+    if lay.vpp is None:
+        n = pp - rank + (1 if ep_overlap else 0)
+        return float(min(n, n_micro) if n_micro else n)
+    chunks = (pp - rank - 1) * 2 + (lay.vpp - 1) * pp + 1 + (1 if ep_overlap else 0)
+    if n_micro:
+        chunks = min(chunks, n_micro * lay.vpp)
+    return chunks / lay.vpp
+
+
+# --------------------------------------------------------------------------------------------
+# the estimate
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Peak bytes on the most loaded GPU (`rank` = its pipeline rank) and its breakdown."""
+
+    peak_bytes: float
+    rank: int
+    breakdown: Mapping[str, float]  # bytes: weights, gradients, optimizer, activations, ...
+    by_rank: tuple[float, ...] = field(default=())
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+
+def rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions,
+                rank: int) -> dict[str, float]:
+    """Memory of pipeline rank `rank` (any TP/CP/DP/EP coordinate: they are symmetric), bytes."""
+    return _rank_memory(m, lay, w, opts, rank, _per_kind(m, lay, w, opts))
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """Per-GPU parameters and saved activations (bytes/token) of one dense or MoE layer."""
+
+    dense: float
+    expert: float
+    saved: float
+    rebuilt: float  # recomputed in backward (saved without recompute − saved)
+
+
+def _per_kind(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions) -> dict[bool, _Kind]:
+    none = FitOptions(recompute="none")
+    out = {}
+    for is_moe in (False, True):
+        p = layer_params(m, is_moe)
+        saved = sum(layer_activation_per_token(m, lay, w, opts, is_moe).values())
+        full = sum(layer_activation_per_token(m, lay, w, none, is_moe).values())
+        out[is_moe] = _Kind(p.dense / lay.tp + p.replicated, p.expert / (lay.ep * lay.etp),
+                            saved, full - saved)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _rank_counts(stages: tuple[tuple[int, ...], ...], pp: int, chunks: int,
+                 pattern: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """(dense, MoE) decoder-layer counts per pipeline rank (cached: layouts share splits)."""
+    out = []
+    for r in range(pp):
+        layers = [i for c in range(chunks) for i in stages[c * pp + r]]
+        moe = sum(pattern[i] for i in layers)
+        out.append((len(layers) - moe, moe))
+    return tuple(out)
+
+
+def _rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, rank: int,
+                 kinds: Mapping[bool, _Kind]) -> dict[str, float]:
+    first, last = rank == 0, rank == lay.pp - 1
+    n_dense, n_moe = _rank_counts(lay.stages, lay.pp, lay.chunks, m.moe_pattern)[rank]
+    present = [kinds[k] for k, n in ((False, n_dense), (True, n_moe)) if n]
+    h = m.hidden_size
+    vocab = padded_vocab(m, lay.tp)
+    dense = n_dense * kinds[False].dense + n_moe * kinds[True].dense
+    expert = n_moe * kinds[True].expert
+    if first:
+        dense += vocab * h / lay.tp
+    mtp_kind = kinds[bool(m.moe_pattern[-1])]
+    if last:
+        dense += h * m.norm_params  # final norm
+        tied_copy = not m.untie_embeddings_and_output_weights and lay.pp > 1
+        if m.untie_embeddings_and_output_weights or tied_copy:
+            dense += vocab * h / lay.tp
+        if m.mtp_num_layers:
+            # MTP block on the last stage [TMU]: a layer + eh_proj + norms; it needs the
+            # embedding there too when PP>1
+            per = mtp_kind.dense + 2 * h * h / lay.tp + 3 * h * m.norm_params
+            dense += m.mtp_num_layers * per + (vocab * h / lay.tp if lay.pp > 1 else 0)
+            expert += m.mtp_num_layers * mtp_kind.expert
+
+    # states: bf16 weights, fp32 main grads, fp32 main params + Adam m, v [TMU][OPT]
+    master = 4 if w.param_bytes < 4 else 0
+    mv = 4 if opts.precision_aware_optimizer else 8
+    dense_shard = lay.dp * lay.cp if opts.distributed_optimizer else 1
+    expert_shard = lay.edp if opts.distributed_optimizer else 1
+    on_gpu = 1.0 - opts.optimizer_offload_fraction
+    optimizer = (master + mv) * (dense / dense_shard + expert / expert_shard) * on_gpu
+
+    sb = w.seq_length * w.micro_batch_size
+    inflight = inflight_layer_microbatches(lay, rank, w.microbatches(lay.dp), w.ep_overlap)
+    activations = sb * inflight * (n_dense * kinds[False].saved + n_moe * kinds[True].saved)
+    if first:
+        activations += 8 * sb * inflight  # int64 token ids of in-flight micro-batches
+    logits = 0.0
+    if last:
+        # final-norm output + logits, vocab split by TP [TMU: 4·sbh + 4·sbV]. Unfused vocab-parallel
+        # cross entropy saves the fp32 softmax (4V) and at the start of backward its fp32
+        # gradient (4V) and the bf16 gradient for the output layer (2V) coexist: 10V. One
+        # micro-batch (the last stage runs its backward at once), plus one per MTP depth.
+        per_vocab = 4 if w.cross_entropy_fusion else 10
+        logits = sb * (4 * h + per_vocab * vocab) / (lay.tp * lay.cp) * (1 + m.mtp_num_layers)
+        activations += sb * m.mtp_num_layers * mtp_kind.saved
+    # recomputation rebuilds one layer's discarded activations during its backward
+    rebuilt = max((k.rebuilt for k in present), default=0.0)
+    transient = sb * (rebuilt + dispatch_buffer_per_token(m, lay, w))
+    # the logit/cross-entropy buffers are freed once the output layer's backward is done, before
+    # any decoder layer is recomputed: on the last stage only the excess over them adds
+    transient = max(0.0, transient - logits)
+    dynamic = activations + logits + transient
+    return {
+        "weights": (dense + expert) * w.param_bytes,
+        "gradients": (dense + expert) * w.main_grad_bytes,
+        "optimizer": optimizer,
+        "activations": activations,
+        "logits": logits,
+        "transient": transient,
+        "overhead": CUDA_CONTEXT_BYTES + FRAGMENTATION[opts.expandable_segments] * dynamic,
+    }
+
+
+def estimate_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions) -> MemoryEstimate:
+    """Peak per-GPU memory: the maximum over pipeline ranks of `rank_memory`."""
+    kinds = _per_kind(m, lay, w, opts)
+    per_rank = [_rank_memory(m, lay, w, opts, r, kinds) for r in range(lay.pp)]
+    totals = tuple(sum(d.values()) for d in per_rank)
+    worst = max(range(lay.pp), key=totals.__getitem__)
+    return MemoryEstimate(totals[worst], worst, per_rank[worst], totals)

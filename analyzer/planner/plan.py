@@ -1,0 +1,529 @@
+"""Fit and scale plans: legal layouts × the fit ladder, filtered by the memory model, ranked.
+
+Workflow phase 1 "Fit" and phase 2 "Scale" of moe-tuning-knowledge.md §4: for every legal layout
+take the first rung of the fit ladder that fits (expandable segments first; distributed optimizer;
+selective recompute before full; offload last), then rank by the §3 priorities: minimal model
+parallelism / max DP, EP×TP inside the NVLink domain, PP (+VPP) across nodes, EP rather than ETP,
+CP only for long context. Each plan carries the terms of its score as its reasons.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from analyzer.planner.layouts import (
+    CONSTRAINTS,
+    Enumeration,
+    Topology,
+    enumerate_layouts,
+    topology_problem,
+)
+from analyzer.planner.memory import (
+    GIB,
+    FitOptions,
+    Layout,
+    MemoryEstimate,
+    ModelSpec,
+    Workload,
+    estimate_memory,
+    model_spec,
+    total_params,
+)
+from moetune.errors import UserError
+
+SCHEMA_ID = "moetune.fit/1"
+IMBALANCE_NATURAL = 1.25
+HEADROOM_WANTED = 0.15  # below this a plan is ranked down: dropless imbalance OOMs early  # dropless, natural routing: busiest EP rank vs mean (assumption)
+
+
+# --------------------------------------------------------------------------------------------
+# the fit ladder: cumulative rungs with their approximate step-time cost (fraction)
+
+
+@dataclass(frozen=True, slots=True)
+class Rung:
+    name: str
+    options: FitOptions
+    cost: float  # approximate added step time, fraction
+    why: str
+
+
+def fit_ladder(model: ModelSpec, *, distributed_optimizer: bool) -> list[Rung]:
+    """Rungs in the seed's order (§4 phase 1, §11 rule 8); each includes all earlier ones."""
+    base = FitOptions(expandable_segments=True, distributed_optimizer=distributed_optimizer)
+    rungs = [Rung("expandable_segments", base, 0.0,
+                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: ~0 cost (MB-mem)")]
+    cur = replace(base, distributed_optimizer=True)
+    if not distributed_optimizer:
+        rungs.append(Rung("distributed_optimizer", cur, 0.0,
+                          "ZeRO-1: optimizer state sharded over DP×CP and EDP (§3 priority 1)"))
+    modules: tuple[str, ...] = ()
+    steps = [("moe_act", 0.02, "selective recompute moe_act: +1.99 % time (MB-recomp)"),
+             ("layernorm", 0.02, "selective recompute layernorm: output-discarding, cheap")]
+    if model.multi_latent_attention:
+        steps.append(("mla_up_proj", 0.05, "selective recompute mla_up_proj: +5.19 % (MB-recomp)"))
+    if not model.num_experts:
+        steps = [("mlp", 0.10, "selective recompute mlp")]
+    cost = 0.0
+    for mod, c, why in steps:
+        modules += (mod,)
+        cost += c
+        cur = replace(cur, recompute="selective", recompute_modules=modules)
+        rungs.append(Rung(f"recompute:{'+'.join(modules)}", cur, cost, why))
+    cur = replace(cur, precision_aware_optimizer=True)
+    cost += 0.01
+    rungs.append(Rung("precision_aware_optimizer", cur, cost,
+                      "bf16 Adam moments: halves optimizer state, numerics change slightly"))
+    cur = replace(cur, recompute="full", recompute_modules=())
+    cost = 0.34
+    rungs.append(Rung("recompute:full", cur, cost,
+                      "full recompute: one extra forward per layer, ≈ +33 % (KOR §5)"))
+    for frac, c in ((0.25, 0.9), (0.5, 1.8), (1.0, 3.2)):
+        rungs.append(Rung(f"optimizer_offload:{frac}", replace(cur, optimizer_offload_fraction=frac),
+                          cost + c, f"optimizer CPU offload {frac:.0%}: H100 ~1.9× slower at 25 %, "
+                          "~4.2× at 100 % (MB-offload)"))
+    return rungs
+
+
+# --------------------------------------------------------------------------------------------
+# planning request and result
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Request:
+    model: ModelSpec
+    work: Workload
+    topo: Topology
+    gpu_memory_gib: float
+    distributed_optimizer: bool
+    ep_overlap: bool
+    dispatcher: str | None
+    current: tuple[int, int, int, int | None, int, int] | None  # tp, cp, pp, vpp, ep, etp
+    source: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    layout: Layout
+    rung: Rung
+    memory: MemoryEstimate
+    score: float
+    reasons: tuple[tuple[str, float, str], ...]
+
+
+def request_from_contract(doc: Mapping[str, Any], *, gpus: int | None = None,
+                          source: str | None = None) -> Request:
+    """Everything the planner needs from a contract document (raises UserError when missing)."""
+    model = model_spec(doc.get("model") or {}, path=source)
+    hw = doc.get("hardware") or {}
+    shape = doc.get("shape") or {}
+    margs = doc.get("megatron_args") or {}
+    training = doc.get("training") or {}
+    missing = []
+    if hw.get("gpu_memory_gb") is None:
+        missing.append("hardware.gpu_memory_gb")
+    seq = shape.get("seq_length") or (doc.get("model") or {}).get("seq_length")
+    if seq is None:
+        missing.append("shape.seq_length")
+    per_node = hw.get("gpus_per_node")
+    if gpus is None and (hw.get("nodes") is None or per_node is None):
+        missing.append("hardware.nodes and hardware.gpus_per_node (or --gpus)")
+    if missing:
+        raise UserError(f"contract lacks {', '.join(missing)} (needed by fit)", path=source)
+    per_node = int(per_node or 8)
+    world = int(gpus) if gpus is not None else int(hw["nodes"]) * per_node
+    routing = doc.get("routing") or {}
+    precision = doc.get("precision") or {}
+    if routing.get("capacity_factor"):
+        imbalance = float(routing["capacity_factor"])
+    else:
+        imbalance = 1.0 if routing.get("force_balancing") else IMBALANCE_NATURAL
+    params = precision.get("params") or "bf16"
+    ep_overlap = bool(margs.get("overlap_moe_expert_parallel_comm"))
+    work = Workload(
+        seq_length=int(seq),
+        micro_batch_size=int(shape.get("micro_batch_size") or 1),
+        global_batch_size=shape.get("global_batch_size"),
+        fp8=bool(precision.get("fp8_format") or margs.get("fp8")),
+        param_bytes=4 if params == "fp32" else 2,
+        main_grad_bytes=2 if margs.get("main_grads_dtype") == "bf16" else 4,
+        moe_imbalance=imbalance,
+        ep_overlap=ep_overlap,
+        cross_entropy_fusion=bool(margs.get("cross_entropy_loss_fusion")),
+    )
+    par = doc.get("parallelism") or {}
+    current = None
+    if par:
+        tp = int(par.get("tp") or 1)
+        current = (tp, int(par.get("cp") or 1), int(par.get("pp") or 1), par.get("vpp"),
+                   int(par.get("ep") or 1), int(par.get("etp") or tp))
+    dist = training.get("distributed_optimizer", margs.get("use_distributed_optimizer"))
+    return Request(
+        model=model, work=work,
+        topo=Topology(world, per_node, int(hw.get("nvlink_domain_size") or per_node)),
+        gpu_memory_gib=float(hw["gpu_memory_gb"]),
+        distributed_optimizer=bool(dist), ep_overlap=ep_overlap,
+        dispatcher=margs.get("moe_token_dispatcher_type"), current=current, source=source,
+    )
+
+
+def read_contract(path: str | Path) -> Mapping[str, Any]:
+    """The contract document, validated by the contract module (the one place contracts load)."""
+    from analyzer.contract import load_contract
+
+    return load_contract(path).raw
+
+
+# --------------------------------------------------------------------------------------------
+# fitting and ranking
+
+
+def fit_layout(req: Request, lay: Layout, ladder: list[Rung]) -> tuple[Rung, MemoryEstimate] | None:
+    """The first rung that leaves HEADROOM_WANTED free, else the first that fits at all, else None."""
+    cap = req.gpu_memory_gib * GIB
+    first_fit = None
+    for rung in ladder:
+        est = estimate_memory(req.model, lay, req.work, rung.options)
+        if est.peak_bytes <= cap * (1 - HEADROOM_WANTED):
+            return rung, est
+        if first_fit is None and est.peak_bytes <= cap:
+            first_fit = (rung, est)
+    return first_fit
+
+
+def score_terms(req: Request, lay: Layout, rung: Rung, est: MemoryEstimate
+                ) -> list[tuple[str, float, str]]:
+    """(term, penalty, why) — lower total ranks higher. Weights are heuristics, documented in
+    docs/planner.md; each term names the seed guideline it encodes."""
+    topo, w = req.topo, req.work
+    terms: list[tuple[str, float, str]] = []
+    if rung.cost:
+        terms.append(("fit", rung.cost, f"needs {rung.name}: {rung.why}"))
+    mp = lay.tp * lay.cp * lay.pp
+    if mp > 1:
+        terms.append(("model_parallel", 0.05 * math.log2(mp),
+                      f"model parallelism TP·CP·PP = {mp}, DP {lay.dp} (§3 priority 1: the "
+                      "smallest model parallelism that fits, max DP)"))
+    if lay.pp > 1:
+        m = w.microbatches(lay.dp) or 4 * lay.pp
+        bubble = (lay.pp - 1) / (m * lay.chunks)
+        terms.append(("pipeline_bubble", bubble,
+                      f"PP{lay.pp}{f' VPP{lay.vpp}' if lay.vpp else ''} bubble (PP−1)/(m·VPP) with "
+                      f"m={m} micro-batches"))
+        if lay.vpp:
+            terms.append(("vpp_p2p", 0.005 * (lay.vpp - 1), "more VPP chunks, more P2P transfers"))
+        if lay.pp_split == "layout":
+            terms.append(("custom_layout", 0.01, "uneven split needs --pipeline-model-parallel-layout"))
+    if lay.tp > 1:
+        terms.append(("tensor_parallel", 0.04 * math.log2(lay.tp),
+                      f"TP{lay.tp}: per-layer TP collectives; high TP makes MoE host-bound "
+                      "(§3: size TP by active params)"))
+    if lay.cp > 1:
+        per = w.seq_length // lay.cp
+        weight = 0.04 if per >= 4096 else 0.15
+        terms.append(("context_parallel", weight * math.log2(lay.cp),
+                      f"CP{lay.cp}: {per} tokens per CP shard (§3: CP for ≥8K context, 4K–8K "
+                      "tokens per shard)"))
+    group = lay.ep * lay.etp
+    if req.model.num_experts and group > topo.nvlink_domain:
+        # share of each token's dispatch that leaves the NVLink domain: 1 − domain/(EP·ETP)
+        off = 1 - topo.nvlink_domain / group
+        terms.append(("ep_cross_node", 0.15 * off,
+                      f"EP{lay.ep}×ETP{lay.etp} spans {group // topo.nvlink_domain} NVLink domains: "
+                      f"{off:.0%} of dispatch crosses the network (§3 priority 2)"))
+    if lay.etp > 1:
+        terms.append(("expert_tensor_parallel", 0.05 * math.log2(lay.etp),
+                      f"ETP{lay.etp}: prefer EP over TP for experts (§3 priority 4)"))
+    cap = req.gpu_memory_gib * GIB
+    headroom = 1 - est.peak_bytes / cap
+    if headroom < HEADROOM_WANTED:
+        terms.append(("low_headroom", round(0.2 * (HEADROOM_WANTED - headroom) / HEADROOM_WANTED, 6),
+                      f"{headroom:.0%} headroom < {HEADROOM_WANTED:.0%}: early routing imbalance "
+                      "or fragmentation may OOM (§5.8)"))
+    return terms
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    request: Request
+    plans: tuple[Plan, ...]  # ranked, best first
+    legal: int
+    candidates: int
+    binding: tuple[str, ...]  # constraint ids (or "memory", "topology") when nothing fits
+    explanation: str | None
+    current_rank: int | None  # 1-based rank of the contract's own layout among plans
+
+
+def plan_fit(req: Request) -> Outcome:
+    """All fitting plans ranked, or the binding constraint(s) when there is none."""
+    problem = topology_problem(req.topo)
+    if problem:
+        return Outcome(req, (), 0, 0, ("topology",), f"no legal layout: topology: {problem}", None)
+    enum = enumerate_layouts(req.model, req.work, req.topo, ep_overlap=req.ep_overlap)
+    plans = _fit_all(req, enum)
+    if not plans:
+        binding, text = _explain(req, enum)
+        return Outcome(req, (), len(enum.layouts), enum.candidates, binding, text, None)
+    current = None
+    if req.current:
+        for i, p in enumerate(plans, 1):
+            lay = p.layout
+            if (lay.tp, lay.cp, lay.pp, lay.vpp, lay.ep, lay.etp) == req.current:
+                current = i
+                break
+    return Outcome(req, tuple(plans), len(enum.layouts), enum.candidates, (), None, current)
+
+
+def _fit_all(req: Request, enum: Enumeration) -> list[Plan]:
+    ladder = fit_ladder(req.model, distributed_optimizer=req.distributed_optimizer)
+    plans = []
+    for lay in enum.layouts:
+        hit = fit_layout(req, lay, ladder)
+        if hit is None:
+            continue
+        rung, est = hit
+        terms = score_terms(req, lay, rung, est)
+        plans.append(Plan(lay, rung, est, round(sum(t[1] for t in terms), 6), tuple(terms)))
+    # ties: more DP, then less memory, then the smaller layout tuple (deterministic)
+    plans.sort(key=lambda p: (p.score, -p.layout.dp, p.memory.peak_bytes,
+                              (*p.layout.key()[:4], p.layout.vpp or 0)))
+    return plans
+
+
+def _explain(req: Request, enum: Enumeration) -> tuple[tuple[str, ...], str]:
+    """Name the constraint(s) whose relaxation alone would let some layout fit."""
+    if not enum.layouts:
+        # structural: which single relaxation yields any legal layout
+        binding = [cid for cid in sorted(set(enum.rejected) - {"layers_cover_stages"})
+                   if enumerate_layouts(req.model, req.work, req.topo, ep_overlap=req.ep_overlap,
+                                        relax=frozenset({cid})).layouts]
+        names = binding or sorted(enum.rejected, key=enum.rejected.__getitem__, reverse=True)
+        rules = "; ".join(f"{c}: {CONSTRAINTS[c]}" for c in names)
+        return tuple(names), f"no legal layout for {req.topo.gpus} GPUs: binding {rules}"
+    binding = []
+    for cid in sorted(set(enum.rejected) - {"layers_cover_stages"}):
+        relaxed = enumerate_layouts(req.model, req.work, req.topo, ep_overlap=req.ep_overlap,
+                                    relax=frozenset({cid}))
+        fits = _fit_all(req, relaxed)
+        if fits:
+            lay = fits[0].layout
+            binding.append((cid, f"{cid}: {CONSTRAINTS[cid]} — without it "
+                                 f"{mesh_attention(lay)} / {mesh_moe(lay)} would fit at "
+                                 f"{fits[0].memory.peak_gib:.1f} GiB"))
+    if binding:
+        return tuple(b[0] for b in binding), (
+            f"no legal layout fits {req.gpu_memory_gib:g} GiB per GPU: binding "
+            + "; ".join(b[1] for b in binding))
+    ladder = fit_ladder(req.model, distributed_optimizer=req.distributed_optimizer)
+    best = _smallest(req, enum, ladder[-1])
+    est, lay = best
+    total = total_params(req.model)["total"]
+    return ("memory",), (
+        f"no legal layout fits: memory binds. Even with every fit option ({ladder[-1].name}) the "
+        f"smallest predicted peak is {est.peak_gib:.1f} GiB ({mesh_attention(lay)} / "
+        f"{mesh_moe(lay)}) > {req.gpu_memory_gib:g} GiB per GPU; the model has "
+        f"{total / 1e9:.1f} B parameters for {req.topo.gpus} GPUs")
+
+
+def _smallest(req: Request, enum: Enumeration, rung: Rung) -> tuple[MemoryEstimate, Layout]:
+    best: tuple[MemoryEstimate, Layout] | None = None
+    for lay in enum.layouts:
+        est = estimate_memory(req.model, lay, req.work, rung.options)
+        if best is None or est.peak_bytes < best[0].peak_bytes:
+            best = (est, lay)
+    assert best is not None
+    return best
+
+
+# --------------------------------------------------------------------------------------------
+# rendering helpers shared by the CLI and the JSON document
+
+
+def fit_summary(o: FitOptions) -> str:
+    parts = ["expandable segments"] if o.expandable_segments else []
+    if o.distributed_optimizer:
+        parts.append("distributed optimizer")
+    if o.recompute == "selective":
+        parts.append("selective recompute " + " ".join(o.recompute_modules))
+    elif o.recompute == "full":
+        parts.append("full recompute")
+    if o.precision_aware_optimizer:
+        parts.append("bf16 optimizer moments")
+    if o.optimizer_offload_fraction:
+        parts.append(f"optimizer offload {o.optimizer_offload_fraction:.0%}")
+    return " + ".join(parts)
+
+
+def mesh_attention(lay: Layout) -> str:
+    return f"TP{lay.tp}×CP{lay.cp}×DP{lay.dp}×PP{lay.pp}"
+
+
+def mesh_moe(lay: Layout) -> str:
+    return f"ETP{lay.etp}×EP{lay.ep}×EDP{lay.edp}×PP{lay.pp}"
+
+
+def plan_args(plan: Plan) -> list[tuple[str, Any]]:
+    """(Megatron argument, value) pairs a plan sets, underscore form as in `megatron_args`."""
+    lay, o = plan.layout, plan.rung.options
+    args: list[tuple[str, Any]] = [
+        ("tensor_model_parallel_size", lay.tp), ("pipeline_model_parallel_size", lay.pp),
+        ("context_parallel_size", lay.cp), ("expert_model_parallel_size", lay.ep),
+        ("expert_tensor_parallel_size", lay.etp)]
+    if lay.pp_split == "layout":
+        args.append(("pipeline_model_parallel_layout", lay.pp_layout))
+    else:
+        if lay.vpp:
+            args.append(("virtual_pipeline_model_parallel_size", lay.vpp))
+        if lay.pp_split == "account_for_embedding_and_loss":
+            args += [("account_for_embedding_in_pipeline_split", True),
+                     ("account_for_loss_in_pipeline_split", True)]
+    if lay.sequence_parallel:
+        args.append(("sequence_parallel", True))
+    if o.distributed_optimizer:
+        args.append(("use_distributed_optimizer", True))
+    if o.recompute == "selective":
+        args += [("recompute_granularity", "selective"), ("recompute_modules", o.recompute_modules)]
+    elif o.recompute == "full":
+        args += [("recompute_granularity", "full"), ("recompute_method", "uniform"),
+                 ("recompute_num_layers", 1)]
+    if o.precision_aware_optimizer:
+        args += [("use_precision_aware_optimizer", True), ("exp_avg_dtype", "bf16"),
+                 ("exp_avg_sq_dtype", "bf16")]
+    if o.optimizer_offload_fraction:
+        args += [("optimizer_cpu_offload", True),
+                 ("optimizer_offload_fraction", o.optimizer_offload_fraction),
+                 ("overlap_cpu_optimizer_d2h_h2d", True)]
+    return args
+
+
+def flag_spelling(arg: str) -> str:
+    """The knob catalog's flag (rules/knobs.yaml, the one home of spellings); arguments it lacks
+    fall back to Megatron's generated form `foo_bar` → `--foo-bar` (seed §1)."""
+    from rules.load import load_catalog
+
+    knob = load_catalog().knobs.get(arg)
+    if knob is not None and knob.spec.get("flag"):
+        return str(knob.spec["flag"])
+    return "--" + arg.replace("_", "-")
+
+
+def render_flag(arg: str, value: Any) -> str:
+    flag = flag_spelling(arg)
+    if value is True:
+        return flag
+    if isinstance(value, list | tuple):
+        return f"{flag} {' '.join(str(v) for v in value)}"
+    if isinstance(value, float):
+        return f"{flag} {value:g}"
+    if isinstance(value, str) and any(c in value for c in "|()*"):
+        return f"{flag} '{value}'"  # shell-quote layout strings
+    return f"{flag} {value}"
+
+
+def megatron_flags(plan: Plan) -> list[str]:
+    """Current Megatron-LM flags for the plan, one string per argument."""
+    return [render_flag(a, v) for a, v in plan_args(plan)]
+
+
+def plan_env(req: Request, plan: Plan) -> dict[str, str]:
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    lay = plan.layout
+    if req.ep_overlap:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"  # EP overlap wants many (§6.9, PR #2719)
+    elif lay.tp > 1 or lay.cp > 1:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Hopper: asserted with TP/CP > 1 (§6.9)
+    return env
+
+
+def check_command(req: Request, plan: Plan) -> tuple[str, list[str]]:
+    """One-GPU build check with a fake process group, and its caveats."""
+    lay = plan.layout
+    flags = " ".join(megatron_flags(plan))
+    notes = [
+        f"run twice, RANK=0 (first stage) and RANK={req.topo.gpus - 1} (last stage): the peak "
+        f"is predicted on pipeline rank {plan.memory.rank}; read 'max allocated' in the memory "
+        "report of the first iterations, or add --record-memory-history --memory-snapshot-path",
+        "the code flag is --fake-process-group; MLM README and Bridge docs say "
+        "--fake-init-process-group. Megatron-Bridge does not support it (MLM PR #2280, PyTorch ≥2.3)",
+        "it skips communication and disables NaN checks: it proves the layout builds and "
+        "shows memory, not speed",
+    ]
+    dispatcher = ""
+    if req.dispatcher == "flex":
+        dispatcher = " " + render_flag("moe_token_dispatcher_type", "alltoall")
+        notes.append("the flex dispatcher (DeepEP/HybridEP) is incompatible with "
+                     "--fake-process-group (§6.4): the check uses alltoall, so its dispatch "
+                     "buffers differ from the real run")
+    env = " ".join(f"{k}={v}" for k, v in plan_env(req, plan).items())
+    cmd = (f"{env} WORLD_SIZE={lay.world} RANK=0 python pretrain_gpt.py <model, data and "
+           f"training args from the contract> {flags}{dispatcher} "
+           f"{render_flag('fake_process_group', True)} --train-iters 3 --log-interval 1")
+    return cmd, notes
+
+
+def to_document(out: Outcome, *, top: int, contract: str | None) -> dict[str, Any]:
+    """The `moetune fit --json` document (schemas/fit.schema.json)."""
+    req = out.request
+    totals = total_params(req.model)
+    plans = []
+    for i, p in enumerate(out.plans[:top], 1):
+        lay, o = p.layout, p.rung.options
+        cap = req.gpu_memory_gib
+        cmd, notes = check_command(req, p)
+        plans.append({
+            "rank": i,
+            "score": round(p.score, 4),
+            "attention": {"tp": lay.tp, "cp": lay.cp, "dp": lay.dp, "pp": lay.pp, "vpp": lay.vpp,
+                          "mesh": mesh_attention(lay)},
+            "moe": {"etp": lay.etp, "ep": lay.ep, "edp": lay.edp, "pp": lay.pp,
+                    "mesh": mesh_moe(lay)},
+            "sequence_parallel": lay.sequence_parallel,
+            "pipeline_split": lay.pp_split,
+            "pipeline_layout": lay.pp_layout,
+            "fit": {
+                "rung": p.rung.name,
+                "summary": fit_summary(o),
+                "expandable_segments": o.expandable_segments,
+                "distributed_optimizer": o.distributed_optimizer,
+                "recompute": o.recompute,
+                "recompute_modules": list(o.recompute_modules),
+                "precision_aware_optimizer": o.precision_aware_optimizer,
+                "optimizer_offload_fraction": o.optimizer_offload_fraction,
+            },
+            "memory": {
+                "peak_gib": round(p.memory.peak_gib, 3),
+                "capacity_gib": cap,
+                "headroom_gib": round(cap - p.memory.peak_gib, 3),
+                "headroom_fraction": round(1 - p.memory.peak_gib / cap, 4),
+                "pipeline_rank": p.memory.rank,
+                "breakdown_gib": {k: round(v / GIB, 3) for k, v in p.memory.breakdown.items()},
+            },
+            "reasons": [{"term": t, "penalty": round(v, 4), "why": why} for t, v, why in p.reasons],
+            "flags": megatron_flags(p),
+            "env": plan_env(req, p),
+            "check": {"command": cmd, "notes": notes},
+        })
+    return {
+        "schema": SCHEMA_ID,
+        "contract": contract,
+        "model": {"name": req.model.name, "params_b": round(totals["total"] / 1e9, 3),
+                  "active_params_b": round(totals["active"] / 1e9, 3),
+                  "expert_params_b": round(totals["expert"] / 1e9, 3)},
+        "world": {"gpus": req.topo.gpus, "gpus_per_node": req.topo.gpus_per_node,
+                  "nvlink_domain_size": req.topo.nvlink_domain,
+                  "gpu_memory_gib": req.gpu_memory_gib},
+        "workload": {"seq_length": req.work.seq_length,
+                     "micro_batch_size": req.work.micro_batch_size,
+                     "global_batch_size": req.work.global_batch_size,
+                     "fp8": req.work.fp8, "moe_imbalance": req.work.moe_imbalance,
+                     "ep_overlap": req.work.ep_overlap},
+        "counts": {"candidates": out.candidates, "legal": out.legal, "fit": len(out.plans)},
+        "current_layout_rank": out.current_rank,
+        "plans": plans,
+        "no_layout": (None if out.plans else
+                      {"binding": list(out.binding), "explanation": out.explanation}),
+    }
