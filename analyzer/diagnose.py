@@ -22,6 +22,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.classify import KernelClasses, class_table, classify, load_classes
+from analyzer.critical_path import diagnosis_section
 from analyzer.frames import GPU_KINDS, Trace
 from analyzer.observed import _in_windows, observe
 from analyzer.steps import Steps, find_steps
@@ -53,10 +54,9 @@ class Context:
 
 Section = tuple[str, Callable[[Trace, Steps, Context], dict[str, Any]]]
 
-# Sections owned by other modules (issue "Timeline graph"), e.g.:
-#   from analyzer.critical_path import critical_path_section
-#   SECTIONS.append(("critical_path", lambda tr, st, ctx: critical_path_section(tr, st.table)))
-SECTIONS: list[Section] = []
+# Sections owned by other modules: the timeline graph (built once) gives critical_path, blocking
+# and, with several ranks, ranks.
+SECTIONS: list[Section] = [("timeline_graph", diagnosis_section)]
 
 
 def diagnose(
@@ -300,6 +300,6 @@ def normalize(obj: Any) -> Any:
 def _round_field(key: str, v: Any) -> Any:
     if isinstance(v, float):
         return round(v, SECONDS_DIGITS if key.endswith(("_s", "_us")) else FRACTION_DIGITS + 2)
-    if isinstance(v, dict) and set(v) == set(WALL_KEYS):
+    if isinstance(v, dict) and set(v) == set(WALL_KEYS) and not key.endswith("_s"):
         return {k: round(x, FRACTION_DIGITS) if isinstance(x, float) else x for k, x in v.items()}
     return v

@@ -1,0 +1,402 @@
+"""Critical path per step, blocking communication and recoverable bounds, on the shared graph.
+
+With measured timestamps every complete dependency chain through a step telescopes to the same
+span, so "the longest path" is decided by which dependency *bound* each event: the critical path
+is the chain of binding dependencies. We find it by walking back from the step's last GPU op,
+each time to the predecessor whose release (see `analyzer.graph.RELEASE`) came last. That is
+the longest path in the DAG weighted by the time each edge actually held its target back, and it
+costs O(edges touched): no search, no recursion, bounded by the number of nodes.
+
+The walk cuts the step window [win_start_ns, win_end_ns) (analyzer/steps.py; the GPU windows tile
+the timeline) into segments, so segment lengths sum exactly to the step time T:
+
+| segment | wall |
+|---|---|
+| a GPU op on the path | its wall (compute / communication / memory) |
+| a host call on the path, or GPU waiting on a launch / a host thread / a sync | host |
+| GPU waiting after its stream or event dependency was met (scheduling gap), or more than
+  `LAUNCH_LATENCY_NS` after its launch returned with nothing known to explain it | other |
+| step tail after the last op (host preparing the next step) | host |
+
+Recoverable bound R(wall) = path time of that wall in a step; ceiling = T/(T−R)−1 (null when
+R = T). Reported for each rank's median step (by T; lower median; the rule of
+analyzer/walls.median_step), averaged over ranks like the rest of the document.
+
+Communication per step splits into three disjoint parts (all clipped to the window):
+hidden = comm ∩ compute; blocking = critical-path comm segments whose path successor was entered
+through a dependency edge (event_wait, stream, sync; a comm op blocking another blocking comm op
+counts too), minus compute; exposed = comm − compute − blocking (GPU not computing for other
+reasons while comm ran, or comm at the step's end that nothing waited on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from analyzer import intervals as iv
+from analyzer.frames import Trace
+from analyzer.graph import TOLERANCE_NS, WALLS, TimelineGraph, build_graph
+
+DEP_KINDS = ("event_wait", "stream", "sync")
+# Equal releases: prefer the stronger dependency.
+_PRIORITY = {"sync": 0, "event_wait": 1, "collective": 2, "stream": 3, "launch": 4, "host": 5}
+GAP_WALL = {"launch": "host", "host": "host", "sync": "host", "collective": "communication",
+            "stream": "other", "event_wait": "other"}
+TOP_SEGMENTS = 20
+LAUNCH_LATENCY_NS = 50_000  # longer launch→start gaps are not launch latency
+TOP_EDGES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    rank: int
+    step: int
+    start_ns: int
+    end_ns: int
+    wall: str  # compute | communication | memory | host | other
+    what: str  # "op" for an event on the path, else "<edge kind>_gap", "step_start", "step_tail"
+    node: int | None
+    blocking: bool = False
+    waiter: int | None = None  # for blocking comm: the node that waited
+    edge: str | None = None  # kind of the edge to the path successor
+    via: int | None = None
+
+    @property
+    def dur_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+def step_windows(trace: Trace, steps: pl.DataFrame | None = None) -> pl.DataFrame:
+    """rank, step, win_start_ns, win_end_ns: the colleague's steps (analyzer/steps.py) when
+    given, else found here with `find_steps`."""
+    if steps is None:
+        from analyzer.steps import find_steps
+
+        steps = find_steps(trace.events).table
+    if "win_start_ns" not in steps.columns:
+        steps = steps.with_columns(win_start_ns=pl.col("start_ns"), win_end_ns=pl.col("end_ns"))
+    return steps.select("rank", "step", "win_start_ns", "win_end_ns").sort("rank", "step")
+
+
+@dataclass(frozen=True, slots=True)
+class _RankView:
+    """One rank's node attributes as dicts: built once, walked by every step."""
+
+    gpu: pl.DataFrame  # GPU nodes sorted by ts_ns
+    max_dur: int
+    ts: dict[int, int]
+    en: dict[int, int]
+    wall: dict[int, str]
+
+    def gpu_in(self, lo: int, hi: int) -> pl.DataFrame:
+        """GPU nodes overlapping [lo, hi): a sorted slice, then the exact test."""
+        t = self.gpu.get_column("ts_ns")
+        a = t.search_sorted(lo - self.max_dur, side="left")
+        b = t.search_sorted(hi, side="left")
+        return self.gpu.slice(a, b - a).filter(pl.col("end_ns") > lo)
+
+
+def _view(graph: TimelineGraph, rank: int) -> _RankView:
+    n = graph.nodes.filter(pl.col("rank") == rank)
+    ids = n["node"].to_list()
+    gpu = n.filter(pl.col("is_gpu")).sort("ts_ns", "node")
+    max_dur = int((gpu["end_ns"] - gpu["ts_ns"]).max() or 0) if gpu.height else 0
+    return _RankView(gpu, max_dur, dict(zip(ids, n["ts_ns"].to_list(), strict=True)),
+                     dict(zip(ids, n["end_ns"].to_list(), strict=True)),
+                     dict(zip(ids, n["wall"].to_list(), strict=True)))
+
+
+def critical_path(graph: TimelineGraph, *, rank: int, step: int, start_ns: int,
+                  end_ns: int, view: _RankView | None = None) -> list[Segment]:
+    """Segments of the critical path of one step window, in time order."""
+    view = view or _view(graph, rank)
+    ts, en, wall = view.ts, view.en, view.wall
+    gpu = view.gpu_in(start_ns, end_ns)
+    if gpu.height == 0:
+        return [Segment(rank, step, start_ns, end_ns, "host", "step_tail", None)]
+    # Sink: the GPU op that ends last inside the window (ties: the later-starting one).
+    sink = gpu.with_columns(ce=pl.min_horizontal("end_ns", pl.lit(end_ns))).sort(
+        "ce", "ts_ns", "node").get_column("node")[-1]
+    g = graph.g
+    out: list[Segment] = []
+    hi = min(en[sink], end_ns)
+    if hi < end_ns:
+        out.append(Segment(rank, step, hi, end_ns, "host", "step_tail", None))
+    v = sink
+    succ_edge: tuple[int, str, int | None] | None = None  # (successor node, kind, via)
+    seen: set[int] = set()
+    while v is not None and hi > start_ns and v not in seen:
+        seen.add(v)
+        best, best_rel, best_kind, best_via = None, None, None, None
+        for u, d in g._pred[v].items():  # the raw dict: AtlasView costs ~5 µs a walk step
+            if u not in ts:  # another rank: its wait shows as this op's own time
+                continue
+            k = d["kind"]
+            rel = _release(k, ts[u], en[u], ts[v])
+            con = en[v] if k in ("sync", "collective") else ts[v]
+            rel = min(rel, con, hi)
+            if rel > con + TOLERANCE_NS:
+                continue
+            key = (rel, -_PRIORITY[k])
+            if best is None or key > (best_rel, -_PRIORITY[best_kind]):
+                best, best_rel, best_kind, best_via = u, rel, k, d.get("via")
+        lo_v = max(ts[v], best_rel if best_rel is not None else ts[v], start_ns)
+        lo_v = min(lo_v, hi)
+        kind = "op"
+        seg_edge, seg_waiter, seg_via = None, None, None
+        if succ_edge is not None:
+            seg_waiter, seg_edge, seg_via = succ_edge
+        out.append(Segment(rank, step, lo_v, hi, wall[v], kind, v, False, seg_waiter, seg_edge,
+                           seg_via))
+        if best is None:
+            if lo_v > start_ns:
+                lead = "host" if wall[v] == "host" else "other"
+                out.append(Segment(rank, step, start_ns, lo_v, lead, "step_start", None))
+            break
+        gap_lo = max(best_rel, start_ns)
+        if gap_lo < lo_v:
+            gw, what = GAP_WALL[best_kind], f"{best_kind}_gap"
+            if best_kind == "launch" and lo_v - gap_lo > LAUNCH_LATENCY_NS:
+                gw, what = "other", "unexplained_gap"  # launched long before: waited on else
+            out.append(Segment(rank, step, gap_lo, lo_v, gw, what, v))
+        hi = min(best_rel, lo_v)
+        succ_edge = (v, best_kind, best_via)
+        v = best
+    else:
+        if hi > start_ns:  # cut short (cycle guard or reached the window start exactly)
+            out.append(Segment(rank, step, start_ns, hi, "other", "step_start", None))
+    out.reverse()
+    return _mark_blocking([s for s in out if s.end_ns > s.start_ns], wall)
+
+
+def _release(kind: str, u_ts: int, u_end: int, v_ts: int) -> int:
+    if kind == "launch":  # an op may start inside its launch call
+        return min(u_end, max(v_ts, u_ts))
+    if kind == "collective":
+        return u_ts
+    return u_end
+
+
+def _mark_blocking(path: list[Segment], wall: dict[int, str]) -> list[Segment]:
+    """Comm ops on the path whose successor entered through a dependency edge, walking back so
+    a comm op feeding a blocking comm op is blocking too."""
+    out = list(path)
+    blocking_nodes: set[int] = set()
+    for i in range(len(out) - 1, -1, -1):
+        s = out[i]
+        if s.what != "op" or s.node is None or wall.get(s.node) != "communication":
+            continue
+        if s.edge in DEP_KINDS and s.waiter is not None and (
+            wall.get(s.waiter) != "communication" or s.waiter in blocking_nodes
+        ):
+            blocking_nodes.add(s.node)
+            out[i] = Segment(s.rank, s.step, s.start_ns, s.end_ns, s.wall, s.what, s.node, True,
+                             s.waiter, s.edge, s.via)
+    return out
+
+
+def _walls_of(path: Sequence[Segment]) -> dict[str, int]:
+    by = dict.fromkeys((*WALLS, "other"), 0)
+    for s in path:
+        by[s.wall] += s.dur_ns
+    return by
+
+
+def _gain(t: float, r: float) -> float | None:
+    return None if t - r <= 0 else round(t / (t - r) - 1, 6)
+
+
+def _comm_split(view: _RankView, lo: int, hi: int, path: Sequence[Segment]) -> dict[str, int]:
+    ops = view.gpu_in(lo, hi).select(
+        "wall", start_ns=pl.col("ts_ns").clip(lower_bound=lo),
+        end_ns=pl.col("end_ns").clip(upper_bound=hi))
+    comm = ops.filter(pl.col("wall") == "communication").select("start_ns", "end_ns")
+    comp = ops.filter(pl.col("wall") == "compute").select("start_ns", "end_ns")
+    blk = pl.DataFrame(
+        [(s.start_ns, s.end_ns) for s in path if s.blocking],
+        schema={"start_ns": pl.Int64, "end_ns": pl.Int64}, orient="row",
+    )
+    busy = iv.total_ns(comm)
+    hidden = iv.total_ns(iv.intersect(comm, comp)) if comm.height and comp.height else 0
+    blocking = iv.total_ns(iv.subtract(blk, comp)) if blk.height else 0
+    blocking = min(blocking, busy - hidden)
+    return {"busy": busy, "hidden": hidden, "blocking": blocking,
+            "exposed": busy - hidden - blocking}
+
+
+def analyze(
+    trace: Trace,
+    steps: pl.DataFrame | None = None,
+    *,
+    graph: TimelineGraph | None = None,
+    ranks: Sequence[int] | None = None,
+) -> list[dict]:
+    """Per (rank, step): the path, its wall split and the communication split."""
+    win = step_windows(trace, steps)
+    if ranks is not None:
+        win = win.filter(pl.col("rank").is_in(list(ranks)))
+    if graph is None:
+        lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
+        window = (int(lo), int(hi)) if lo is not None else None
+        graph = build_graph(trace, window=window, rank=None)
+    out = []
+    views: dict[int, _RankView] = {}
+    for rank, step, lo, hi in win.iter_rows():
+        if rank not in views:
+            views[rank] = _view(graph, rank)
+        view = views[rank]
+        path = critical_path(graph, rank=rank, step=step, start_ns=lo, end_ns=hi, view=view)
+        out.append({"rank": rank, "step": step, "start_ns": lo, "end_ns": hi, "path": path,
+                    "walls": _walls_of(path),
+                    "comm": _comm_split(view, lo, hi, path)})
+    return out
+
+
+def critical_path_section(
+    trace: Trace,
+    steps: pl.DataFrame | None = None,
+    *,
+    graph: TimelineGraph | None = None,
+    top: int = TOP_SEGMENTS,
+) -> dict[str, dict]:
+    """`{"critical_path": {...}, "blocking": {...}}` for the diagnosis document (paths read by
+    the rules engine: critical_path.recoverable_s.<wall>, critical_path.gain_ceiling.<wall>,
+    blocking.communication_{blocking,exposed,hidden}_s)."""
+    if graph is None:
+        win = step_windows(trace, steps)
+        lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
+        graph = build_graph(trace, window=(int(lo), int(hi)) if lo is not None else None)
+    res = analyze(trace, steps, graph=graph)
+    if not res:
+        return {}
+    meds = _median_steps(res)
+    t = _mean([r["end_ns"] - r["start_ns"] for r in meds])
+    walls = {w: _mean([r["walls"][w] for r in meds]) for w in (*WALLS, "other")}
+    comm = {k: _mean([r["comm"][k] for r in meds]) for k in meds[0]["comm"]}
+    segs = sorted((s for r in res for s in r["path"]),
+                  key=lambda s: (-s.dur_ns, s.rank, s.step, s.start_ns))[:top]
+    edges = sorted((s for r in res for s in r["path"] if s.blocking),
+                   key=lambda s: (-s.dur_ns, s.rank, s.step, s.start_ns))[:TOP_EDGES]
+    names = _names(trace, [x for s in (*segs, *edges) for x in (s.node, s.waiter, s.via)])
+    cp = {
+        "length_s": _s(t),
+        "median_step": [{"rank": r["rank"], "step": r["step"]} for r in meds],
+        "recoverable_s": {w: _s(walls[w]) for w in WALLS},
+        "gain_ceiling": {w: _gain(t, walls[w]) for w in WALLS},
+        "other_s": _s(walls["other"]),
+        "segments": [_seg_doc(s, names) for s in segs],
+        "per_step": [
+            {"rank": r["rank"], "step": r["step"], "length_s": _s(r["end_ns"] - r["start_ns"]),
+             "walls_s": {w: _s(r["walls"][w]) for w in (*WALLS, "other")},
+             "path_nodes": sum(1 for s in r["path"] if s.what == "op")}
+            for r in res
+        ],
+        "graph": {"nodes": graph.g.number_of_nodes(), "edges": graph.edge_counts(),
+                  "aggregated": graph.aggregated, "unlinked": dict(graph.unlinked)},
+    }
+    blocking = {
+        "communication_blocking_s": _s(comm["blocking"]),
+        "communication_exposed_s": _s(comm["exposed"]),
+        "communication_hidden_s": _s(comm["hidden"]),
+        "communication_busy_s": _s(comm["busy"]),
+        "edges": [
+            {"rank": s.rank, "step": s.step, "kind": s.edge, "communication": names.get(s.node),
+             "waiter": names.get(s.waiter), "via": names.get(s.via) if s.via is not None else None,
+             "on_path_s": _s(s.dur_ns)}
+            for s in edges
+        ],
+    }
+    return {"critical_path": cp, "blocking": blocking}
+
+
+def _median_steps(res: list[dict]) -> list[dict]:
+    """Per rank, the step of median length (lower median; ties by step id): the same rule as
+    analyzer/walls.median_step, so both describe the same steps."""
+    out = []
+    for rank in sorted({r["rank"] for r in res}):
+        rs = sorted((r for r in res if r["rank"] == rank),
+                    key=lambda r: (r["end_ns"] - r["start_ns"], r["step"]))
+        out.append(rs[(len(rs) - 1) // 2])
+    return out
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _names(trace: Trace, ids: Sequence[int | None]) -> dict[int, str]:
+    """Event names by row index, for the few ids the document mentions."""
+    want = sorted({i for i in ids if i is not None})
+    if not want:
+        return {}
+    col = trace.events.get_column("name").gather(want).to_list()
+    return dict(zip(want, col, strict=True))
+
+
+def _seg_doc(s: Segment, names: dict[int, str]) -> dict:
+    return {"rank": s.rank, "step": s.step, "wall": s.wall, "what": s.what,
+            "name": names.get(s.node) if s.node is not None and s.what == "op" else None,
+            "dur_s": _s(s.dur_ns), "blocking": s.blocking}
+
+
+def _s(ns: float) -> float:
+    return round(ns / 1e9, 9)
+
+
+def summary_lines(section: dict[str, dict]) -> list[str]:
+    """Plain lines for the terminal summary (render.py may wrap them in rich markup)."""
+    cp, bl = section.get("critical_path"), section.get("blocking")
+    if not cp:
+        return []
+    t = cp["length_s"]
+    parts = []
+    for w in WALLS:
+        r, gmax = cp["recoverable_s"][w], cp["gain_ceiling"][w]
+        if r > 0:
+            ceiling = "∞" if gmax is None else f"+{gmax * 100:.0f} %"
+            parts.append(f"{w} {r * 1e3:.2f} ms (ceiling {ceiling})")
+    ms = cp["median_step"]
+    where = (f"step {ms[0]['step']}, rank {ms[0]['rank']}" if len(ms) == 1
+             else f"median step of {len(ms)} ranks")
+    lines = [f"critical path {t * 1e3:.2f} ms ({where}): " + ", ".join(parts)]
+    if bl and (bl["communication_busy_s"] > 0):
+        lines.append(
+            f"communication: blocking {bl['communication_blocking_s'] * 1e3:.2f} ms, exposed "
+            f"{bl['communication_exposed_s'] * 1e3:.2f} ms, hidden "
+            f"{bl['communication_hidden_s'] * 1e3:.2f} ms")
+        if bl["edges"]:
+            e = bl["edges"][0]
+            lines.append(f"  longest wait: {_short(e['waiter'])} ← {_short(e['communication'])} "
+                         f"via {e['kind']} "
+                         f"({e['on_path_s'] * 1e3:.2f} ms on path)")
+    unl = {k: v for k, v in cp["graph"]["unlinked"].items() if v}
+    if unl:
+        lines.append("  not linked: " + ", ".join(f"{k} {v}" for k, v in sorted(unl.items())))
+    return lines
+
+
+def diagnosis_section(trace: Trace, steps: Any, ctx: Any) -> dict[str, dict]:
+    """`analyzer.diagnose.SECTIONS` hook: one graph over the steps' span, built on the
+    classified events (same rows, so node ids stay row indices and walls match wall_detail),
+    shared by the critical path and blocking; plus the cross-rank section when > 1 rank."""
+    from analyzer.ranks import ranks_section
+
+    table = steps.table if hasattr(steps, "table") else steps
+    events = getattr(ctx, "events", None)
+    tr = trace if events is None else Trace(events=events, comms=trace.comms, flows=trace.flows,
+                                            ranks=trace.ranks, warnings=trace.warnings)
+    lo, hi = table["win_start_ns"].min(), table["win_end_ns"].max()
+    graph = build_graph(tr, window=(int(lo), int(hi)) if lo is not None else None)
+    out = critical_path_section(tr, table, graph=graph)
+    if tr.events.get_column("rank").n_unique() > 1:
+        out |= ranks_section(tr, table)
+    return out
+
+
+def _short(name: str | None, limit: int = 48) -> str:
+    n = name or "?"
+    return n if len(n) <= limit else n[: limit - 1] + "…"

@@ -1,0 +1,665 @@
+"""Timeline dependency graph, built once per analysis and shared by every analysis on it.
+
+Nodes are integer event ids: row indices into `trace.events`. Everything about a node (times,
+stream, wall) lives in the `TimelineGraph.nodes` frame, not on the networkx node. Edges are typed:
+
+| kind        | from → to | meaning |
+|-------------|-----------|---------|
+| launch      | runtime call → GPU op (same rank and correlation; a `cudaGraphLaunch` fans out to every replayed op) | the op could not start before it was launched |
+| stream      | GPU op → next GPU op on the same (rank, device, stream) | in-order execution |
+| host        | runtime call → next runtime call on the same (rank, pid, tid); after a silence > `HANDOFF_GAP_NS` on its thread, also from the latest call that ended on another thread of the process | program order; thread hand-off |
+| sync        | waited GPU op → blocking host call (stream sync → last op launched on that stream before the call; context sync, or a sync call with no sync record → last op on every stream of the device; event sync → the op recorded by the event; a copy whose own call returned only after it ended → that call, whose launch edge then starts at the call before it) | the host was blocked until the op ended |
+| event_wait  | recorded op on the waited stream → first op launched on the waiting stream after the `cudaStreamWaitEvent` (edge attribute `via` = the sync row) | cross-stream dependency |
+| collective  | latest-arriving member of the k-th collective of a group → every other member (cross-rank) | nobody finishes before the last rank arrives |
+
+"Last op launched before" is decided by correlation id (CUPTI numbers calls monotonically per
+process), which is robust to host/GPU clock drift; rows without a correlation are not linked
+(counted in `unlinked`). Flow events are not used: sampled traces have none.
+Traces that called `cudaStreamWaitEvent` but recorded no usable wait rows get inferred `event_wait`
+edges (see `_inferred_waits`; counted as `unlinked["event_wait_inferred"]`).
+
+Each edge has a *release* point on its source and a *constraint* point on its target (see
+`RELEASE`): launch releases at the call's start (an op may start inside its launch call; the
+critical-path walk then takes min(call end, op start)); the others at the source's end
+(collective: the source's start, i.e. its arrival). `sync` and
+`collective` constrain the target's end, the rest its start. An edge whose release lies after
+its constraint (beyond `TOLERANCE_NS`) is impossible in a real timeline: it is dropped and counted
+(`unlinked["time_inconsistent"]`). Cycles that survive (malformed correlation data) are broken
+inside each strongly connected component by dropping edges against (ts, id) order, so the graph
+is always a DAG and every analysis on it is linear in its size.
+
+Limits (bounded work): above `MAX_NODES` nodes, runs of consecutive small kernels on one stream
+(each < `SMALL_KERNEL_NS`, gaps < `RUN_GAP_NS`, same wall, not communication, none touched by a
+sync or event wait)
+become one node, keyed by the first kernel's id (`members` maps every event id to its node); the
+launch calls of the absorbed kernels are dropped from the host chain (their time stays host time
+in the gaps). Collective matching needs every member rank to hold the same number of collectives
+of a group; otherwise that group is left unlinked and counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import networkx as nx
+import polars as pl
+
+from analyzer.frames import GPU_KINDS, Trace, require
+
+EDGE_KINDS: tuple[str, ...] = ("launch", "stream", "host", "sync", "event_wait", "collective")
+# Where an edge's source releases its target: "start" or "end" of the source event.
+RELEASE: dict[str, str] = {
+    "launch": "start",
+    "stream": "end",
+    "host": "end",
+    "sync": "end",
+    "event_wait": "end",
+    "collective": "start",
+}
+# Which point of the target an edge constrains.
+CONSTRAINS: dict[str, str] = {
+    "launch": "start",
+    "stream": "start",
+    "host": "start",
+    "sync": "end",
+    "event_wait": "start",
+    "collective": "end",
+}
+WALLS: tuple[str, ...] = ("compute", "communication", "memory", "host")
+
+TOLERANCE_NS = 2_000  # clock rounding: Kineto µs traces, writer's −1/+2 ns annotation shifts
+MAX_NODES = 400_000
+SMALL_KERNEL_NS = 10_000
+RUN_GAP_NS = 2_000
+HANDOFF_GAP_NS = 1_000_000
+INFER_GAP_NS = 50_000
+
+# Fallback kernel → wall rules, used only until analyzer/classify.py provides `wall`.
+_COMM_PATTERN = r"(?i)^(nccl|ncclDev|ncclKernel)|nccl|deep_ep::|hybrid_ep::|nvshmem|userbuffers|kuserbuffers|^rccl"
+
+NODE_COLUMNS = (
+    "node", "rank", "kind", "name", "ts_ns", "end_ns", "pid", "tid", "device", "stream",
+    "correlation", "wall", "is_gpu", "n_members",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineGraph:
+    """The DAG plus its node frame. `g` holds only ids and typed edges (`kind`, optional `via`)."""
+
+    g: nx.DiGraph
+    nodes: pl.DataFrame  # NODE_COLUMNS, one row per graph node, sorted by node
+    members: pl.DataFrame  # event_id → node, only for aggregated nodes (empty otherwise)
+    ranks: tuple[int, ...]
+    window: tuple[int, int] | None
+    unlinked: dict[str, int] = field(default_factory=dict)
+    aggregated: bool = False
+
+    def edge_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(EDGE_KINDS, 0)
+        for _, _, k in self.g.edges(data="kind"):
+            counts[k] += 1
+        return counts
+
+    def edges_frame(self) -> pl.DataFrame:
+        rows = [(u, v, d["kind"], d.get("via")) for u, v, d in self.g.edges(data=True)]
+        return pl.DataFrame(
+            rows, schema={"src": pl.Int64, "dst": pl.Int64, "kind": pl.String, "via": pl.Int64},
+            orient="row",
+        )
+
+
+def wall_of(events: pl.DataFrame) -> pl.Series:
+    """Wall of each event: the classifier's `wall` column when present, else name rules.
+
+    The classifier (analyzer/classify.py, kernel_classes.yaml) decides GPU rows; host rows are
+    `host`. Without classifier input columns, a name fallback: copies/memsets → memory; NCCL,
+    DeepEP, HybridEP, NVSHMEM, userbuffers kernels → communication; other GPU work → compute.
+    """
+    if "wall" in events.columns:
+        wall = events.get_column("wall").cast(pl.String)
+    elif {"copy_kind", "bytes", "sync_kind"} <= set(events.columns):
+        from analyzer.classify import classify
+
+        wall = classify(events).get_column("wall").cast(pl.String)
+    else:
+        wall = None
+    if wall is not None:
+        gpu = events.get_column("kind").cast(pl.String).is_in(list(GPU_KINDS))
+        return wall.zip_with(gpu, pl.Series(["host"] * events.height)).rename("wall")
+    kind = pl.col("kind").cast(pl.String)
+    return events.select(
+        pl.when(kind.is_in(["memcpy", "memset"]))
+        .then(pl.lit("memory"))
+        .when((kind == "kernel") & pl.col("name").str.contains(_COMM_PATTERN))
+        .then(pl.lit("communication"))
+        .when(kind.is_in(list(GPU_KINDS)))
+        .then(pl.lit("compute"))
+        .otherwise(pl.lit("host"))
+        .alias("wall")
+    ).to_series()
+
+
+def build_graph(
+    trace: Trace,
+    *,
+    window: tuple[int, int] | None = None,
+    rank: int | Sequence[int] | None = None,
+    offsets_ns: dict[int, int] | None = None,
+    max_nodes: int = MAX_NODES,
+) -> TimelineGraph:
+    """Build the timeline DAG of `rank` (one, several, or None = all) within `window` (ns).
+
+    `window` keeps events overlapping [start, end). `offsets_ns` (rank → ns added to ts) puts
+    ranks on one clock for collective edges; default: `trace.ranks.clock_offset_ns`.
+    """
+    ev = trace.events
+    require(ev, ("rank", "kind", "name", "ts_ns", "dur_ns", "pid", "tid", "stream",
+                 "correlation"), what="events")
+    ev = ev.with_row_index("node").with_columns(pl.col("node").cast(pl.Int64))
+    if "rclass" not in ev.columns and {"copy_kind", "bytes", "sync_kind"} <= set(ev.columns):
+        from analyzer.classify import classify
+
+        ev = classify(ev)
+    ev = ev.with_columns(wall=wall_of(ev))
+    if "rclass" not in ev.columns:
+        ev = ev.with_columns(rclass=pl.lit(None, dtype=pl.String))
+    if rank is not None:
+        wanted = [rank] if isinstance(rank, int) else list(rank)
+        ev = ev.filter(pl.col("rank").is_in(wanted))
+    ev = ev.filter(pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null())
+    ev = ev.with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns").clip(lower_bound=0))
+    kind = pl.col("kind").cast(pl.String)
+    ev = ev.with_columns(is_gpu=kind.is_in(list(GPU_KINDS)))
+    if window is not None:
+        inside = (pl.col("ts_ns") < window[1]) & (pl.col("end_ns") > window[0])
+        # Launch calls of ops inside the window are kept though they ran before it.
+        launched = ev.filter(inside & pl.col("is_gpu")).select("rank", "correlation").drop_nulls()
+        ev = ev.join(launched.unique().with_columns(_launched=pl.lit(True)),
+                     on=["rank", "correlation"], how="left", nulls_equal=False)
+        ev = ev.filter(inside | (pl.col("_launched").fill_null(False) & ~pl.col("is_gpu")))
+        ev = ev.drop("_launched")
+    for c in ("device", "sync_kind", "wait_stream", "wait_correlation"):
+        if c not in ev.columns:
+            ev = ev.with_columns(pl.lit(None).alias(c))
+
+    gpu = ev.filter(pl.col("is_gpu"))
+    runtime = ev.filter(kind == "runtime")
+    syncs = ev.filter(kind == "sync")
+    unlinked: dict[str, int] = {}
+
+    launch = _launch_edges(runtime, gpu, unlinked)
+    stream = _chain(gpu, ["rank", "device", "stream"], "stream")
+    sync, event_wait = _sync_edges(_with_sync_calls(syncs, runtime), runtime, gpu, unlinked)
+    blocking_copy = _blocking_copy_edges(runtime, gpu)
+
+    members = pl.DataFrame(schema={"event_id": pl.Int64, "node": pl.Int64})
+    aggregated = False
+    touched = pl.concat([sync.get_column("src"), event_wait.get_column("src"),
+                         event_wait.get_column("dst"), blocking_copy.get_column("src")])
+    host_rows = runtime
+    if gpu.height + runtime.height > max_nodes:
+        gpu, members, stream, launch, absorbed = _aggregate(gpu, stream, launch, touched)
+        host_rows = runtime.filter(~pl.col("node").is_in(absorbed.implode()))
+        aggregated = True
+    host = _chain(host_rows, ["rank", "pid", "tid"], "host")
+    handoff = _handoff_edges(host_rows, host)
+    if aggregated:
+        keep = set(host_rows.get_column("node").to_list())
+        blocking_copy = blocking_copy.filter(pl.col("dst").is_in(list(keep)))
+    # A blocking copy's call both issued and awaited it: issue edge from the call before it,
+    # wait edge copy → call (end constraint), so the pair never forms a cycle.
+    launch = launch.join(blocking_copy.select(pl.col("dst").alias("src"), pl.col("src").alias("dst")),
+                         on=["src", "dst"], how="anti")
+    launch = pl.concat([launch, _prev_host_call(blocking_copy, host)], how="vertical_relaxed")
+
+    inferred = _inferred_waits(gpu, launch, stream, runtime, syncs, ev, unlinked)
+    offsets = _offsets(trace, offsets_ns)
+    collective = _collective_edges(gpu, trace.comms, offsets, unlinked)
+
+    edges = pl.concat([launch, stream, host, handoff, sync, event_wait, inferred, blocking_copy,
+                       collective], how="vertical_relaxed")
+    # Sync rows are nodes only where no host call stands for them (an edge ends on the row).
+    sync_nodes = syncs.filter(pl.col("node").is_in(edges.get_column("dst").implode()))
+    node_ids = pl.concat([gpu.get_column("node"), host_rows.get_column("node"),
+                          sync_nodes.get_column("node")]).unique()
+    nodes = (
+        ev.filter(pl.col("node").is_in(node_ids.implode()))
+        .join(_member_counts(members), on="node", how="left")
+        .with_columns(pl.col("n_members").fill_null(1))
+    )
+    if aggregated:  # an aggregated node spans its whole run
+        run_end = members.join(ev.select("node", "end_ns"), left_on="event_id", right_on="node")
+        run_end = run_end.group_by("node").agg(run_end_ns=pl.col("end_ns").max())
+        nodes = nodes.join(run_end, on="node", how="left").with_columns(
+            end_ns=pl.max_horizontal("end_ns", "run_end_ns")
+        ).drop("run_end_ns")
+    nodes = nodes.with_columns(pl.col("kind").cast(pl.String)).select(NODE_COLUMNS).sort("node")
+    edges = _drop_time_inconsistent(edges, nodes, unlinked)
+    g = nx.DiGraph()
+    g.add_nodes_from(nodes.get_column("node").to_list())
+    for src, dst, k, via in edges.select("src", "dst", "kind", "via").iter_rows():
+        if src == dst:
+            unlinked["self_loops"] = unlinked.get("self_loops", 0) + 1
+            continue
+        if via is None:
+            g.add_edge(src, dst, kind=k)
+        else:
+            g.add_edge(src, dst, kind=k, via=via)
+    _break_cycles(g, nodes, unlinked)
+    ranks = tuple(sorted(set(nodes.get_column("rank").drop_nulls().to_list())))
+    return TimelineGraph(g=g, nodes=nodes, members=members, ranks=ranks, window=window,
+                         unlinked=dict(sorted(unlinked.items())), aggregated=aggregated)
+
+
+# ---------------------------------------------------------------- edges, one function per kind
+
+def _empty_edges() -> pl.DataFrame:
+    return pl.DataFrame(schema={"src": pl.Int64, "dst": pl.Int64, "kind": pl.String,
+                                "via": pl.Int64})
+
+
+def _edges(df: pl.DataFrame, src: str, dst: str, k: str, via: str | None = None) -> pl.DataFrame:
+    return df.select(
+        pl.col(src).cast(pl.Int64).alias("src"),
+        pl.col(dst).cast(pl.Int64).alias("dst"),
+        pl.lit(k).alias("kind"),
+        (pl.col(via) if via else pl.lit(None)).cast(pl.Int64).alias("via"),
+    ).drop_nulls(["src", "dst"])
+
+
+def _launch_edges(runtime: pl.DataFrame, gpu: pl.DataFrame, unlinked: dict[str, int]) -> pl.DataFrame:
+    r = runtime.filter(pl.col("correlation").is_not_null()).select(
+        "rank", "correlation", src="node")
+    gg = gpu.select("rank", "correlation", dst="node")
+    e = gg.join(r, on=["rank", "correlation"], how="inner")
+    unlinked["gpu_without_launch"] = gpu.height - e.get_column("dst").n_unique() if e.height else gpu.height
+    dup = r.group_by("rank", "correlation").len().filter(pl.col("len") > 1).height
+    if dup:
+        unlinked["duplicate_launch_correlation"] = dup
+    return _edges(e, "src", "dst", "launch")
+
+
+def _chain(rows: pl.DataFrame, by: list[str], k: str) -> pl.DataFrame:
+    """Edges between consecutive rows (by ts, then id) within each group."""
+    if rows.height == 0:
+        return _empty_edges()
+    s = rows.sort([*by, "ts_ns", "node"]).select(
+        *by, "node", nxt=pl.col("node").shift(-1).over(by))
+    return _edges(s, "node", "nxt", k)
+
+
+def _last_op_before(
+    queries: pl.DataFrame, gpu: pl.DataFrame, *, stream_col: str, corr_col: str
+) -> pl.DataFrame:
+    """For each query row, the GPU op on (rank, stream_col) launched last with correlation
+    < corr_col (the op that ends latest among ops sharing that correlation). Adds `waited`."""
+    ops = (
+        gpu.filter(pl.col("correlation").is_not_null() & pl.col("stream").is_not_null())
+        .sort("rank", "stream", "correlation", "end_ns", "node")
+        .group_by("rank", "stream", "correlation", maintain_order=True)
+        .agg(waited=pl.col("node").last())
+        .sort("correlation")
+    )
+    q = queries.with_columns(
+        pl.col(stream_col).cast(pl.Int64).alias("_stream"),
+        (pl.col(corr_col).cast(pl.Int64) - 1).alias("_corr"),
+    ).filter(pl.col("_stream").is_not_null() & pl.col("_corr").is_not_null())
+    if q.height == 0 or ops.height == 0:
+        return q.with_columns(waited=pl.lit(None, dtype=pl.Int64)).drop("_stream", "_corr")
+    out = q.sort("_corr").join_asof(
+        ops.rename({"stream": "_stream", "correlation": "_corr"}),
+        on="_corr", by=["rank", "_stream"], strategy="backward", check_sortedness=False,
+    )
+    return out.drop("_stream", "_corr")
+
+
+def _first_op_after(
+    queries: pl.DataFrame, gpu: pl.DataFrame, *, stream_col: str, corr_col: str
+) -> pl.DataFrame:
+    """For each query row, the first GPU op launched on (rank, stream_col) with correlation
+    > corr_col (the earliest-starting one among ops sharing it). Adds `waiter`."""
+    ops = (
+        gpu.filter(pl.col("correlation").is_not_null() & pl.col("stream").is_not_null())
+        .sort("rank", "stream", "correlation", "ts_ns", "node")
+        .group_by("rank", "stream", "correlation", maintain_order=True)
+        .agg(waiter=pl.col("node").first())
+        .sort("correlation")
+    )
+    q = queries.with_columns(
+        pl.col(stream_col).cast(pl.Int64).alias("_stream"),
+        (pl.col(corr_col).cast(pl.Int64) + 1).alias("_corr"),
+    ).filter(pl.col("_stream").is_not_null() & pl.col("_corr").is_not_null())
+    if q.height == 0 or ops.height == 0:
+        return q.with_columns(waiter=pl.lit(None, dtype=pl.Int64)).drop("_stream", "_corr")
+    out = q.sort("_corr").join_asof(
+        ops.rename({"stream": "_stream", "correlation": "_corr"}),
+        on="_corr", by=["rank", "_stream"], strategy="forward", check_sortedness=False,
+    )
+    return out.drop("_stream", "_corr")
+
+
+def _sync_edges(
+    syncs: pl.DataFrame, runtime: pl.DataFrame, gpu: pl.DataFrame, unlinked: dict[str, int]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    if syncs.height == 0:
+        return _empty_edges(), _empty_edges()
+    sk = pl.col("sync_kind").cast(pl.String)
+    # The host call that blocked: the runtime row sharing the sync row's correlation.
+    call = runtime.filter(pl.col("correlation").is_not_null()).group_by(
+        "rank", "correlation").agg(call=pl.col("node").min())
+    s = syncs.join(call, on=["rank", "correlation"], how="left").with_columns(
+        target=pl.coalesce("call", "node"),
+        # Older Kineto lacks the record's correlation: the event was recorded before the wait
+        # call itself, so the wait's correlation is a sound (later) bound.
+        record_corr=pl.coalesce("wait_correlation", "correlation"),
+    )
+    unlinked["event_record_unknown"] = s.filter(
+        sk.is_in(["stream_wait_event", "event_sync"]) & pl.col("wait_correlation").is_null()
+    ).height
+
+    stream_sync = _last_op_before(s.filter(sk == "stream_sync"), gpu,
+                                  stream_col="stream", corr_col="correlation")
+    event_sync = _last_op_before(s.filter(sk == "event_sync"), gpu,
+                                 stream_col="wait_stream", corr_col="record_corr")
+    ctx = s.filter(sk == "context_sync")
+    streams = gpu.select("rank", "device", pl.col("stream").alias("_s")).unique().drop_nulls()
+    # context/device sync waits on every stream: of its own device when known, else all.
+    ctx_q = ctx.join(streams, on="rank", how="inner", suffix="_gpu").filter(
+        pl.col("device").is_null() | pl.col("device_gpu").is_null()
+        | (pl.col("device") == pl.col("device_gpu"))
+    )
+    ctx_sync = _last_op_before(ctx_q, gpu, stream_col="_s", corr_col="correlation")
+    host_syncs = pl.concat(
+        [f.select("node", "target", "waited") for f in (stream_sync, event_sync, ctx_sync)],
+        how="vertical_relaxed",
+    )
+    n_host = s.filter(sk.is_in(["stream_sync", "event_sync", "context_sync"])).height
+    resolved = host_syncs.drop_nulls("waited").get_column("node").n_unique()
+    unlinked["sync_unresolved"] = n_host - resolved
+    sync = _edges(host_syncs, "waited", "target", "sync", via="node")
+
+    sw = s.filter(sk == "stream_wait_event")
+    rec = _last_op_before(sw, gpu, stream_col="wait_stream", corr_col="record_corr")
+    both = _first_op_after(rec, gpu, stream_col="stream", corr_col="correlation")
+    unlinked["event_wait_no_recorded_op"] = sw.height - rec.drop_nulls("waited").height
+    unlinked["event_wait_no_waiter"] = (
+        rec.drop_nulls("waited").height - both.drop_nulls(["waited", "waiter"]).height)
+    event_wait = _edges(both, "waited", "waiter", "event_wait", via="node")
+    return sync, event_wait
+
+
+def _with_sync_calls(syncs: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame:
+    """Sync calls with no sync row (old Kineto, CUPTI sync records off): the call itself, with
+    device-sync semantics (it waited on whichever op it waited on, i.e. the latest launched
+    before it on some stream; the critical-path walk picks the one that ended last)."""
+    calls = runtime.filter(pl.col("rclass").cast(pl.String) == "sync")
+    if calls.height == 0:
+        return syncs
+    covered = syncs.select("rank", "correlation").drop_nulls()
+    extra = calls.join(covered, on=["rank", "correlation"], how="anti").with_columns(
+        sync_kind=pl.lit("context_sync").cast(syncs.schema["sync_kind"]),
+        device=pl.lit(None, dtype=syncs.schema["device"]),
+    )
+    return pl.concat([syncs, extra.select(syncs.columns)], how="vertical_relaxed")
+
+
+def _handoff_edges(host_rows: pl.DataFrame, host: pl.DataFrame) -> pl.DataFrame:
+    """Thread hand-off: a call that follows a long silence on its own thread (> HANDOFF_GAP_NS)
+    also depends on the latest call that ended before it on another thread of the process
+    (autograd's backward thread resumes after the main thread's forward)."""
+    if host_rows.height == 0 or host_rows.get_column("tid").n_unique() < 2:
+        return _empty_edges()
+    by = ["rank", "pid"]
+    r = host_rows.select(*by, "tid", "node", "ts_ns", "end_ns")
+    prev_end = r.join(host.select(pl.col("dst").alias("node"), pl.col("src").alias("prev")),
+                      on="node", how="left").join(
+        r.select(pl.col("node").alias("prev"), pl.col("end_ns").alias("prev_end")),
+        on="prev", how="left")
+    q = prev_end.filter(
+        pl.col("prev_end").is_null()
+        | (pl.col("ts_ns") - pl.col("prev_end") > HANDOFF_GAP_NS)
+    ).select(*by, "tid", "node", "ts_ns", "prev_end").sort("ts_ns")
+    other = r.select(*by, pl.col("tid").alias("o_tid"), pl.col("node").alias("o_node"),
+                     pl.col("end_ns").alias("o_end")).sort("o_end")
+    j = q.join_asof(other, left_on="ts_ns", right_on="o_end", by=by, strategy="backward",
+                    check_sortedness=False)
+    j = j.filter(
+        pl.col("o_node").is_not_null() & (pl.col("o_tid") != pl.col("tid"))
+        & (pl.col("prev_end").is_null() | (pl.col("o_end") > pl.col("prev_end")))
+    )
+    return _edges(j, "o_node", "node", "host")
+
+
+def _inferred_waits(
+    gpu: pl.DataFrame, launch: pl.DataFrame, stream: pl.DataFrame, runtime: pl.DataFrame,
+    syncs: pl.DataFrame, ev: pl.DataFrame, unlinked: dict[str, int],
+) -> pl.DataFrame:
+    """Traces that made `cudaStreamWaitEvent` calls but recorded no wait rows naming the waited
+    stream (Kineto before cuda_sync records; nsys exports whose event ids are not resolved): an op that started > INFER_GAP_NS after both its launch returned and
+    its stream predecessor ended waited on something; when an op on another stream of the same
+    device ended within INFER_GAP_NS before it started, that is the event wait (`via` = null)."""
+    has_calls = runtime.filter(pl.col("rclass").cast(pl.String) == "stream_wait_event").height
+    has_rows = syncs.filter(  # rows that say which stream they waited on
+        (pl.col("sync_kind").cast(pl.String) == "stream_wait_event")
+        & pl.col("wait_stream").is_not_null()).height
+    if not has_calls or has_rows or gpu.height == 0:
+        return _empty_edges()
+    t = ev.select("node", "ts_ns", "end_ns")
+    known = pl.concat([
+        launch.join(t, left_on="src", right_on="node").select("dst", rel="end_ns"),
+        stream.join(t, left_on="src", right_on="node").select("dst", rel="end_ns"),
+    ]).group_by("dst").agg(pl.col("rel").max())
+    late = (
+        gpu.select("rank", "device", "stream", "node", "ts_ns")
+        .join(known, left_on="node", right_on="dst", how="left")
+        .filter(pl.col("rel").is_null() | (pl.col("ts_ns") - pl.col("rel") > INFER_GAP_NS))
+        .sort("ts_ns")
+    )
+    if late.height == 0:
+        return _empty_edges()
+    cand = gpu.select("rank", "device", pl.col("stream").alias("o_stream"),
+                      pl.col("node").alias("o_node"), pl.col("end_ns").alias("o_end"))
+    j = late.with_columns(_lim=pl.col("ts_ns") + TOLERANCE_NS).join_asof(
+        cand.sort("o_end"), left_on="_lim", right_on="o_end", by=["rank", "device"],
+        strategy="backward", check_sortedness=False)
+    # the closest earlier end may be on the op's own stream; then nothing else explains it
+    j = j.filter(pl.col("o_node").is_not_null() & (pl.col("o_stream") != pl.col("stream"))
+                 & (pl.col("ts_ns") - pl.col("o_end") <= INFER_GAP_NS))
+    unlinked["event_wait_inferred"] = j.height
+    return _edges(j, "o_node", "node", "event_wait")
+
+
+def _blocking_copy_edges(runtime: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
+    """Copies whose launching call returned only after the copy ended (synchronous memcpy,
+    pageable DtoH): src = copy, dst = the launching call (rewired to its next call later)."""
+    cp = gpu.filter(pl.col("kind").cast(pl.String) == "memcpy").select(
+        "rank", "correlation", copy="node", copy_end="end_ns")
+    r = runtime.select("rank", "correlation", call="node", call_end="end_ns")
+    j = cp.join(r, on=["rank", "correlation"], how="inner").filter(
+        pl.col("call_end") >= pl.col("copy_end"))
+    return _edges(j, "copy", "call", "sync", via="call")
+
+
+def _prev_host_call(blocking: pl.DataFrame, host: pl.DataFrame) -> pl.DataFrame:
+    prev = host.select(pl.col("dst").alias("call"), pl.col("src").alias("prev"))
+    j = blocking.select(pl.col("src").alias("copy"), pl.col("dst").alias("call")).join(
+        prev, on="call", how="inner")
+    return _edges(j, "prev", "copy", "launch")
+
+
+def _offsets(trace: Trace, offsets_ns: dict[int, int] | None) -> dict[int, int]:
+    if offsets_ns is not None:
+        return dict(offsets_ns)
+    if trace.events.get_column("rank").n_unique() < 2:
+        return {}
+    from analyzer.ranks import align_clocks  # ranks builds on this module
+
+    return align_clocks(trace).offsets_ns
+
+
+def collective_instances(gpu: pl.DataFrame, comms: pl.DataFrame) -> pl.DataFrame:
+    """Communication kernels numbered within their group on each rank.
+
+    Group = process group name + collective from `comms` when the kernel links to it (by
+    correlation, else external id), else the kernel name. Columns: node, rank, group, k, ts_ns,
+    end_ns.
+    """
+    ck = gpu.filter((pl.col("wall") == "communication") & (pl.col("kind").cast(pl.String) == "kernel"))
+    if ck.height == 0:
+        return pl.DataFrame(schema={"node": pl.Int64, "rank": pl.Int32, "group": pl.String,
+                                    "k": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64})
+    ck = ck.with_columns(pl.lit(None, dtype=pl.String).alias("group"))
+    if comms.height and {"pg_name", "collective"} <= set(comms.columns):
+        meta = comms.select(
+            "rank", "correlation", "external_id",
+            g=pl.concat_str([pl.col("pg_name").fill_null("?"), pl.col("collective").fill_null("?")],
+                            separator=":"),
+        )
+        by_corr = meta.drop_nulls("correlation").unique(["rank", "correlation"], keep="first")
+        by_ext = meta.drop_nulls("external_id").unique(["rank", "external_id"], keep="first")
+        ck = ck.join(by_corr.select("rank", "correlation", g1="g"), on=["rank", "correlation"],
+                     how="left")
+        if "external_id" in ck.columns:
+            ck = ck.join(by_ext.select("rank", "external_id", g2="g"),
+                         on=["rank", "external_id"], how="left")
+        else:
+            ck = ck.with_columns(g2=pl.lit(None, dtype=pl.String))
+        ck = ck.with_columns(group=pl.coalesce("g1", "g2"))
+    ck = ck.with_columns(group=pl.coalesce("group", pl.col("name").str.split("(").list.first()))
+    return (
+        ck.sort("rank", "group", "ts_ns", "node")
+        .with_columns(k=pl.col("node").cum_count().over("rank", "group").cast(pl.Int64) - 1)
+        .select("node", "rank", "group", "k", "ts_ns", "end_ns")
+    )
+
+
+def match_collectives(
+    inst: pl.DataFrame, offsets: dict[int, int], unlinked: dict[str, int] | None = None
+) -> pl.DataFrame:
+    """Instances of one collective across ranks: same group and k on every rank that holds the
+    group, provided every such rank holds the same count of it (else the group stays unlinked).
+    Adds aligned start/end (`ats_ns`, `aend_ns`) and `members` (ranks in the instance)."""
+    if inst.height == 0:
+        return inst.with_columns(ats_ns=pl.col("ts_ns"), aend_ns=pl.col("end_ns"),
+                                 members=pl.lit(0, dtype=pl.UInt32))
+    off = pl.DataFrame({"rank": list(offsets), "_off": list(offsets.values())},
+                       schema={"rank": pl.Int32, "_off": pl.Int64})
+    inst = inst.join(off, on="rank", how="left").with_columns(
+        ats_ns=pl.col("ts_ns") + pl.col("_off").fill_null(0),
+        aend_ns=pl.col("end_ns") + pl.col("_off").fill_null(0),
+    ).drop("_off")
+    counts = inst.group_by("group", "rank").len()
+    per_group = counts.group_by("group").agg(
+        n_ranks=pl.col("rank").n_unique(), lo=pl.col("len").min(), hi=pl.col("len").max())
+    bad = per_group.filter((pl.col("lo") != pl.col("hi")) | (pl.col("n_ranks") < 2))
+    mismatched = per_group.filter(pl.col("lo") != pl.col("hi")).get_column("group")
+    if unlinked is not None:
+        unlinked["collectives_unmatched"] = inst.filter(pl.col("group").is_in(mismatched.implode())).height
+    good = inst.filter(~pl.col("group").is_in(bad.get_column("group").implode()))
+    return good.with_columns(members=pl.col("rank").n_unique().over("group", "k"))
+
+
+def _collective_edges(
+    gpu: pl.DataFrame, comms: pl.DataFrame, offsets: dict[int, int], unlinked: dict[str, int]
+) -> pl.DataFrame:
+    if gpu.get_column("rank").n_unique() < 2:
+        return _empty_edges()
+    m = match_collectives(collective_instances(gpu, comms), offsets, unlinked)
+    if m.height == 0:
+        return _empty_edges()
+    last = (
+        m.sort("group", "k", "ats_ns", "node")
+        .group_by("group", "k", maintain_order=True)
+        .agg(last=pl.col("node").last())
+    )
+    e = m.join(last, on=["group", "k"]).filter(pl.col("node") != pl.col("last"))
+    return _edges(e, "last", "node", "collective")
+
+
+# ---------------------------------------------------------------- aggregation, checks
+
+def _aggregate(
+    gpu: pl.DataFrame, stream: pl.DataFrame, launch: pl.DataFrame, touched: pl.Series
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.Series]:
+    by = ["rank", "device", "stream"]
+    s = gpu.sort([*by, "ts_ns", "node"]).with_columns(
+        small=(pl.col("kind").cast(pl.String) == "kernel")
+        & (pl.col("dur_ns") < SMALL_KERNEL_NS)
+        & (pl.col("wall") != "communication")  # collectives stay matchable one by one
+        & ~pl.col("node").is_in(touched.implode()),
+        gap=pl.col("ts_ns") - pl.col("end_ns").shift(1).over(by),
+        prev_wall=pl.col("wall").shift(1).over(by),
+    )
+    s = s.with_columns(prev_small=pl.col("small").shift(1).over(by).fill_null(False))
+    joins = (pl.col("small") & pl.col("prev_small") & (pl.col("gap") < RUN_GAP_NS)
+             & (pl.col("wall") == pl.col("prev_wall")))
+    s = s.with_columns(run=(~joins).cum_sum().over(by))
+    s = s.with_columns(rep=pl.col("node").first().over([*by, "run"]))
+    members = s.filter(pl.col("node") != pl.col("rep")).select(
+        pl.col("node").alias("event_id"), pl.col("rep").alias("node"))
+    absorbed_gpu = members.get_column("event_id")
+    kept = s.filter(pl.col("node") == pl.col("rep")).drop("small", "gap", "prev_wall",
+                                                           "prev_small", "run", "rep")
+    new_stream = _chain(kept, by, "stream")
+    new_launch = launch.filter(~pl.col("dst").is_in(absorbed_gpu.implode()))
+    # Launch calls whose every op was absorbed leave the graph.
+    all_launch = launch.group_by("src").agg(pl.col("dst"))
+    absorbed_calls = (
+        all_launch.filter(
+            ~pl.col("src").is_in(new_launch.get_column("src").implode())
+        ).get_column("src")
+    )
+    return kept, members, new_stream, new_launch, absorbed_calls
+
+
+def _member_counts(members: pl.DataFrame) -> pl.DataFrame:
+    return members.group_by("node").len().select(
+        "node", n_members=(pl.col("len") + 1).cast(pl.Int64))
+
+
+def release_constraint(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """Add release (ns on the source) and constraint (ns on the target) to an edge frame."""
+    t = nodes.select("node", "ts_ns", "end_ns")
+    e = edges.join(t.rename({"node": "src", "ts_ns": "s_ts", "end_ns": "s_end"}), on="src")
+    e = e.join(t.rename({"node": "dst", "ts_ns": "d_ts", "end_ns": "d_end"}), on="dst")
+    start_rel = [k for k, v in RELEASE.items() if v == "start"]
+    end_con = [k for k, v in CONSTRAINS.items() if v == "end"]
+    return e.with_columns(
+        release_ns=pl.when(pl.col("kind").is_in(start_rel)).then("s_ts").otherwise("s_end"),
+        constraint_ns=pl.when(pl.col("kind").is_in(end_con)).then("d_end").otherwise("d_ts"),
+    )
+
+
+def _drop_time_inconsistent(
+    edges: pl.DataFrame, nodes: pl.DataFrame, unlinked: dict[str, int]
+) -> pl.DataFrame:
+    if edges.height == 0:
+        return edges
+    e = release_constraint(edges, nodes)
+    # collective edges compare aligned clocks; their time check happened in matching.
+    ok = (pl.col("release_ns") <= pl.col("constraint_ns") + TOLERANCE_NS) | (
+        pl.col("kind") == "collective")
+    bad = e.filter(~ok)
+    unlinked["time_inconsistent"] = bad.height
+    return e.filter(ok).select("src", "dst", "kind", "via")
+
+
+def _break_cycles(g: nx.DiGraph, nodes: pl.DataFrame, unlinked: dict[str, int]) -> None:
+    """Make `g` acyclic: inside each strongly connected component keep only edges that go
+    forward in (ts, id) order. O(V + E)."""
+    if nx.is_directed_acyclic_graph(g):
+        unlinked.setdefault("cycle_edges_dropped", 0)
+        return
+    ts = dict(zip(nodes.get_column("node").to_list(), nodes.get_column("ts_ns").to_list(),
+                  strict=True))
+    dropped = 0
+    for comp in nx.strongly_connected_components(g):
+        if len(comp) < 2:
+            continue
+        bad = [(u, v) for u in comp for v in g.successors(u)
+               if v in comp and (ts[u], u) >= (ts[v], v)]
+        g.remove_edges_from(bad)
+        dropped += len(bad)
+    unlinked["cycle_edges_dropped"] = dropped

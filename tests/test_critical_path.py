@@ -1,0 +1,141 @@
+"""Critical path, blocking communication and recoverable bounds (numbers in the fixture README)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analyzer.critical_path import analyze, critical_path, critical_path_section, summary_lines
+from analyzer.frames import Trace
+from analyzer.graph import build_graph
+from analyzer.readers import load_trace
+
+SYNTH = Path(__file__).resolve().parents[1] / "fixtures/traces/synthetic_critical_path/trace.json"
+BASE_NS = 1_700_000_000_000_000_000
+US = 1_000
+
+
+@pytest.fixture(scope="module")
+def synth() -> Trace:
+    return load_trace([SYNTH])
+
+
+def test_synthetic_exact_path(synth: Trace) -> None:
+    (res,) = analyze(synth)
+    assert (res["start_ns"] - BASE_NS, res["end_ns"] - BASE_NS) == (25 * US, 700 * US)
+    got = [(s.what, s.wall, (s.start_ns - BASE_NS) // US, s.dur_ns // US, s.blocking)
+           for s in res["path"]]
+    assert got == [
+        ("op", "compute", 25, 100, False),  # A
+        ("event_wait_gap", "other", 125, 5, False),
+        ("op", "communication", 130, 300, True),  # N, B waits on it through the event
+        ("event_wait_gap", "other", 430, 5, False),
+        ("op", "compute", 435, 200, False),  # B
+        ("stream_gap", "other", 635, 5, False),
+        ("op", "compute", 640, 60, False),  # D
+    ]
+    assert res["walls"] == {"compute": 360 * US, "communication": 300 * US, "memory": 0,
+                            "host": 0, "other": 15 * US}
+    assert res["comm"] == {"busy": 308 * US, "hidden": 103 * US, "blocking": 200 * US,
+                           "exposed": 5 * US}
+
+
+def test_synthetic_section(synth: Trace) -> None:
+    sec = critical_path_section(synth)
+    cp, bl = sec["critical_path"], sec["blocking"]
+    assert cp["length_s"] == pytest.approx(675e-6)
+    assert cp["recoverable_s"] == pytest.approx(
+        {"compute": 360e-6, "communication": 300e-6, "memory": 0.0, "host": 0.0})
+    assert cp["gain_ceiling"]["communication"] == pytest.approx(0.8)  # 675/375 − 1
+    assert cp["gain_ceiling"]["compute"] == pytest.approx(675 / 315 - 1, abs=1e-6)
+    assert cp["gain_ceiling"]["host"] == 0.0
+    assert (bl["communication_blocking_s"], bl["communication_exposed_s"],
+            bl["communication_hidden_s"]) == pytest.approx((200e-6, 5e-6, 103e-6))
+    (edge,) = bl["edges"]
+    assert edge["kind"] == "event_wait" and edge["via"] == "Stream Wait Event"
+    assert edge["communication"].startswith("ncclDevKernel_AllReduce")
+    assert edge["waiter"].endswith("_bwd") and edge["on_path_s"] == pytest.approx(300e-6)
+    assert cp["segments"][0]["name"].startswith("ncclDevKernel_AllReduce")
+    assert not any(cp["graph"]["unlinked"].values())
+    lines = summary_lines(sec)
+    assert lines[0].startswith("critical path 0.68 ms") and "communication 0.30 ms" in lines[0]
+    assert "blocking 0.20 ms" in lines[1]
+
+
+def test_shared_graph_gives_same_section(synth: Trace) -> None:
+    g = build_graph(synth)
+    assert critical_path_section(synth, graph=g)["blocking"] == critical_path_section(synth)[
+        "blocking"]
+
+
+def test_without_the_wait_the_comm_is_not_blocking(synth: Trace) -> None:
+    """Drop the stream-7 wait row: B then only follows H on its stream, nothing ties it to N,
+    so N is exposed/hidden but never blocking, and the path runs A → H → B → D."""
+    ev = synth.events.with_row_index("_i")
+    wait7 = ev.filter((pl.col("sync_kind") == "stream_wait_event") & (pl.col("stream") == 7))
+    cut = Trace(events=ev.filter(pl.col("_i") != wait7["_i"][0]).drop("_i"), ranks=synth.ranks)
+    (res,) = analyze(cut)
+    assert res["comm"]["blocking"] == 0
+    assert res["walls"]["communication"] == 0
+    # B waited for its launch (60–70 µs) long before: GPU idle from H's end (240) to B (435)
+    # has no known cause, so it is `other`, never host
+    assert res["walls"]["host"] == 0
+
+
+def test_hta_annotation_window(corpus: Path) -> None:
+    """HTA's critical-path test window on hta_alexnet / hta_simple_add (annotation
+    [param|pytorch.model.alex_net|0|0|0|measure|forward], instance 1). The segments tile it
+    exactly; like HTA's path on simple_add (launch and nested-op edges), ours runs through
+    the host almost entirely."""
+    for name, host_min in (("hta_alexnet", 0.85), ("hta_simple_add", 0.99)):
+        tr = load_trace([corpus / f"public/kineto/{name}.json.gz"])
+        ann = tr.events.filter(
+            pl.col("name") == "[param|pytorch.model.alex_net|0|0|0|measure|forward]"
+        ).sort("ts_ns").row(1, named=True)
+        lo, hi = ann["ts_ns"], ann["ts_ns"] + ann["dur_ns"]
+        g = build_graph(tr, window=(lo, hi))
+        path = critical_path(g, rank=0, step=1, start_ns=lo, end_ns=hi)
+        assert sum(s.dur_ns for s in path) == hi - lo
+        host = sum(s.dur_ns for s in path if s.wall == "host")
+        assert host / (hi - lo) > host_min
+        assert any(s.what == "op" and s.wall == "compute" for s in path)
+
+
+@pytest.mark.slow
+def test_alltoall_trace_partition(corpus: Path) -> None:
+    """Old Kineto (no wait rows): inferred event waits let SendRecv block compute; the three
+    communication parts always add up to the comm busy time of the step."""
+    tr = load_trace([corpus / "public/kineto/hta_a100_alltoall_rank3of8.json.gz"])
+    sec = critical_path_section(tr)
+    bl, cp = sec["blocking"], sec["critical_path"]
+    assert bl["communication_blocking_s"] > 0
+    assert (bl["communication_blocking_s"] + bl["communication_exposed_s"]
+            + bl["communication_hidden_s"]) == pytest.approx(bl["communication_busy_s"], abs=1e-9)
+    assert all(e["communication"].startswith("ncclKernel_SendRecv") for e in bl["edges"])
+    assert cp["graph"]["unlinked"]["event_wait_inferred"] == 29
+    for s in cp["per_step"]:
+        assert sum(s["walls_s"].values()) == pytest.approx(s["length_s"], abs=1e-8)
+
+
+def test_diagnose_hook_agrees_with_walls() -> None:
+    """Through analyzer/diagnose.py's SECTIONS hook: the document validates, and blocking +
+    exposed / hidden / busy equal the walls module's communication exposed / hidden / busy."""
+    import json
+
+    import jsonschema
+
+    from analyzer.critical_path import diagnosis_section
+    from analyzer.diagnose import diagnose
+
+    doc = diagnose([SYNTH], sections=[("timeline_graph", diagnosis_section)])
+    root = Path(__file__).resolve().parents[1]
+    jsonschema.validate(doc, json.loads((root / "schemas/diagnosis.schema.json").read_text()))
+    bl, wd = doc["blocking"], doc["wall_detail"]["communication"]
+    assert bl["communication_blocking_s"] + bl["communication_exposed_s"] == pytest.approx(
+        wd["exposed_s"], abs=1e-9)
+    assert bl["communication_hidden_s"] == pytest.approx(wd["hidden_s"], abs=1e-9)
+    assert bl["communication_busy_s"] == pytest.approx(wd["busy_s"], abs=1e-9)
+    assert doc["critical_path"]["length_s"] == pytest.approx(doc["step_time_s"], abs=1e-9)
+    assert "ranks" not in doc  # one rank
