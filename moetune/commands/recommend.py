@@ -1,0 +1,218 @@
+"""`moetune recommend INPUT... [--contract FILE] [--audit FILE] [--json] [--top N] [--rules DIR]
+[--show-quiet] [--allow-non-equivalent]`: ranked single-knob changes for a diagnosed run.
+
+INPUT is trace files/directories, or one saved diagnosis document (`moetune diagnose --json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from moetune.errors import UserError
+
+DIAGNOSIS_SCHEMA_ID = "moetune.diagnosis/1"
+_MAX_DOC_BYTES = 64 << 20  # a diagnosis document is small; bigger .json files are traces
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "recommend",
+        help="rank one-knob Megatron changes that attack the dominant wall",
+        description="Evaluate the rule catalog on a diagnosis (from traces or a saved "
+        "`moetune diagnose --json` document), the measurement contract and the backend audit; "
+        "print legal single-knob changes ranked by expected gain x confidence.",
+    )
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="trace files/directories, or one saved diagnosis JSON")
+    p.add_argument("--contract", metavar="FILE",
+                   help="measurement contract (YAML/JSON): current arguments, hardware, versions")
+    p.add_argument("--audit", metavar="FILE", help="saved `moetune audit --json` document")
+    p.add_argument("--json", action="store_true", help="print only the recommendations document")
+    p.add_argument("--top", type=int, metavar="N", help="show the N best recommendations")
+    p.add_argument("--rules", action="append", default=[], metavar="DIR",
+                   help="extra rule folder (repeatable): adds rules, overrides built-in ids")
+    p.add_argument("--show-quiet", action="store_true",
+                   help="also list rules checked that found nothing")
+    p.add_argument("--allow-non-equivalent", action="store_true",
+                   help="allow semantics-changing knobs under a training-equivalent contract")
+    return p
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError("no such file", path=path) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read: {exc}", path=path) from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"invalid JSON at line {exc.lineno}: {exc.msg}", path=path) from None
+
+
+def saved_diagnosis(inputs: list[str]) -> dict[str, Any] | None:
+    """The diagnosis document when INPUT is one saved `diagnose --json` file, else None."""
+    if len(inputs) != 1:
+        return None
+    p = Path(inputs[0])
+    if p.suffix.lower() != ".json" or not p.is_file() or p.stat().st_size > _MAX_DOC_BYTES:
+        return None
+    doc = read_json(p)
+    if not isinstance(doc, dict) or doc.get("schema") != DIAGNOSIS_SCHEMA_ID:
+        return None
+    validate_diagnosis(doc, p)
+    return doc
+
+
+def validate_diagnosis(doc: dict[str, Any], path: Path) -> None:
+    import jsonschema
+
+    from rules.load import schema
+
+    err = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(schema("diagnosis")).iter_errors(doc)
+    )
+    if err is not None:
+        where = ".".join(map(str, err.absolute_path)) or "(top)"
+        raise UserError(f"not a valid diagnosis document: {where}: {err.message}", path=path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rules.engine import Options, recommend
+    from rules.load import load_rules
+
+    if args.top is not None and args.top < 1:
+        raise UserError("--top must be at least 1")
+    rules = load_rules([Path(d) for d in args.rules])
+    contract = _contract(args.contract)
+    audit = _audit_doc(Path(args.audit)) if args.audit else None
+    diagnosis = saved_diagnosis(args.inputs)
+    if diagnosis is None:
+        diagnosis, traced_audit = _from_traces(args.inputs, args.contract, contract)
+        audit = audit if audit is not None else traced_audit
+    doc = recommend(
+        rules, diagnosis, contract, audit,
+        options=Options(top=args.top, show_quiet=args.show_quiet,
+                        allow_non_equivalent=args.allow_non_equivalent),
+    )
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write(render(doc))
+    if not args.contract and not args.json:
+        print("moetune: no --contract: current arguments taken as Megatron defaults, "
+              "preconditions unverified", file=sys.stderr)
+    return 0
+
+
+def _contract(path: str | None) -> dict[str, Any]:
+    """Validated contract as plain data (analyzer/contract.py raises UserError on bad input)."""
+    if not path:
+        return {}
+    from analyzer.contract import load_contract
+    from rules.engine import thaw
+
+    return thaw(load_contract(path))
+
+
+def _audit_doc(path: Path) -> Any:
+    doc = read_json(path)
+    if not isinstance(doc, dict) or "verdicts" not in doc:
+        raise UserError("not an audit document (no `verdicts`)", path=path)
+    return doc
+
+
+def _from_traces(
+    inputs: list[str], contract_path: str | None, contract: dict[str, Any]
+) -> tuple[dict[str, Any], Any]:
+    try:
+        from analyzer.diagnose import diagnose_trace
+        from analyzer.readers import expand, load_trace
+    except ImportError:
+        raise UserError("trace analysis is not available here: pass a saved diagnosis JSON") from None
+    files = expand(list(inputs))
+    trace = load_trace(list(inputs))
+    diagnosis = diagnose_trace(trace, files=files, contract=contract or None)
+    audit = None
+    if contract_path:
+        from analyzer.audit import audit_trace
+        from analyzer.contract import load_contract
+
+        audit = audit_trace(load_contract(contract_path), trace, files=files)
+    return diagnosis, audit
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f} %"
+
+
+def _secs(s: float) -> str:
+    return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.3f} s"
+
+
+def _evidence_line(ev: list[dict[str, Any]]) -> str:
+    parts = []
+    for e in ev:
+        if e["source"] != "metric" or e["held"] is not True:
+            continue
+        lhs = e["path"] + (f" / {e['of']}" if e.get("of") else "")
+        actual = e["actual"]
+        shown = f"{actual:.3g}" if isinstance(actual, float) else str(actual)
+        parts.append(f"{lhs} = {shown}" + (f" ({e['op']} {e['value']})" if "value" in e else ""))
+    return "; ".join(parts) or "(contract and audit facts only)"
+
+
+def render(doc: dict[str, Any]) -> str:
+    """Ruff-like text: id, title, evidence, fix (flags), gain, verify, notes."""
+    d = doc["diagnosis"]
+    recs = doc["recommendations"]
+    lines = [
+        f"moetune recommend · step {_secs(d['step_time_s'] or 0)} · dominant {d['dominant_wall']}"
+        f" · contract {doc['contract_label'] or 'none'}"
+    ]
+    for r in recs:
+        g = r["gain"]
+        flags = " ".join(r["megatron_flags"]) or "(defaults)"
+        lines += [
+            "",
+            f"#{r['rank']} {r['rule']} [{r['status']}] {r['title']}",
+            f" --> {_evidence_line(r['evidence'])}",
+            f"help: {flags}",
+        ]
+        if r["remove_flags"]:
+            lines.append(f"help: remove {' '.join(r['remove_flags'])}")
+        if r["bridge_overrides"]:
+            lines.append(f"bridge: {' '.join(r['bridge_overrides'])}")
+        st = g["step_time_s"]
+        ceiling = f" · ceiling {_pct(g['ceiling'])}" if g["ceiling"] is not None else ""
+        lines.append(
+            f"gain: {_pct(g['speedup']['low'])} … {_pct(g['speedup']['high'])} "
+            f"(step {_secs(st['before'])} → {_secs(st['low'])}–{_secs(st['high'])}){ceiling}"
+            f" · confidence {r['confidence']} · risk {r['risk']['level']}"
+        )
+        v = r["verify"]
+        audit = f"audit {v['audit']} confirmed; " if v.get("audit") else ""
+        lines.append(f"verify: {audit}{v['metric']} {v['direction']}"
+                     f" ≥ {v.get('min_relative_change', 0) * 100:.0f} %")
+        if not r["training_equivalent"]:
+            lines.append(f"note: NOT training-equivalent: {r['equivalence_note']}")
+        lines += [f"note: {c}" for c in r["caveats"]]
+    for b in doc["blocked"]:
+        lines += ["", f"blocked {b['rule']}: {b['title']}"]
+        lines += [f"  - {reason}" for reason in b["reasons"]]
+    for q in doc.get("quiet", []):
+        lines.append(f"checked {q['rule']}: nothing found. {q['quiet']}")
+    lines += [
+        "",
+        f"{len(recs)} recommended, {len(doc['blocked'])} blocked, {doc['quiet_count']} checked quiet"
+        f" of {doc['rules_checked']} rules"
+        + ("" if "quiet" in doc else " (--show-quiet lists them)")
+        + " · explain: moetune rules show ID",
+    ]
+    return "\n".join(lines) + "\n"

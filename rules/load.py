@@ -1,0 +1,500 @@
+"""Load and validate the knob catalog and rule files: YAML safe-load only, JSON Schema, then the
+cross-checks a schema cannot express (knob names, metric paths, legal values, id = file stem).
+
+Every problem names the file and line. A user rule folder is data only: plain YAML scalars,
+lists and mappings (no tags, no duplicate keys), never code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+from referencing import Registry, Resource
+
+from moetune.errors import UserError
+from rules import expr
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMAS = ROOT / "schemas"
+KNOBS_FILE = Path(__file__).with_name("knobs.yaml")
+CATALOG = Path(__file__).with_name("catalog")
+WALLS = ("compute", "communication", "memory", "host")
+# Pseudo metric: seconds of GPU window analyzed (all steps, all ranks); see rules/engine.py.
+WINDOW = "window_s"
+
+# Sections the diagnosis schema still declares as open objects; these are the paths
+# docs/architecture.md promises in them. Once the schema spells them out, the schema wins.
+_OPEN_SECTION_PATHS = (
+    "critical_path.recoverable_s.<wall>",
+    "critical_path.gain_ceiling.<wall>",
+    "blocking.communication_blocking_s",
+    "blocking.communication_exposed_s",
+    "blocking.communication_hidden_s",
+    "ranks.count",
+    "ranks.step_time_s_by_rank",
+    "ranks.stragglers",
+    "ranks.collective_arrival_skew_s.p50",
+    "ranks.collective_arrival_skew_s.max",
+    "ranks.collective_arrival_skew_s.instances",
+)
+# Contract sections (docs/architecture.md) used until schemas/contract.schema.json exists.
+_CONTRACT_SECTIONS = (
+    "schema", "label", "model", "hardware", "versions", "data", "routing", "precision", "shape",
+    "parallelism", "cuda_graphs", "training", "window", "env", "megatron_args",
+)
+_PLAIN_TAGS = {
+    "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "seq", "map")
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    path: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}" if self.line else f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Constraint:
+    knob: str
+    when: expr.Condition
+    then: expr.Condition
+    reason: str
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    spec: Mapping[str, Any]
+    requires: tuple[Constraint, ...]
+
+    @property
+    def kind(self) -> str:
+        return self.spec["kind"]
+
+    @property
+    def default(self) -> Any:
+        return self.spec.get("default")
+
+    @property
+    def scope(self) -> tuple[str, ...]:
+        return tuple(self.spec.get("scope", ()))
+
+
+@dataclass(frozen=True)
+class Catalog:
+    knobs: Mapping[str, Knob]
+    gpus: tuple[tuple[str, str], ...]
+    path: Path
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    spec: Mapping[str, Any]
+    when: expr.Condition
+    path: Path
+    lines: Mapping[tuple, int] = field(repr=False, default_factory=dict)
+
+    @property
+    def wall(self) -> str:
+        return self.spec["wall"]
+
+    @property
+    def knob(self) -> str:
+        return self.spec["change"]["knob"]
+
+
+# ----------------------------------------------------------------------------- YAML
+
+
+def read_yaml(path: Path) -> tuple[Any, dict[tuple, int]]:
+    """Safe-load one YAML document; return it with a map from key path to 1-based line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read: {exc}", path=path) from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            raise UserError("empty YAML document", path=path)
+        lines: dict[tuple, int] = {}
+        _check_nodes(node, (), lines, path)
+        data = loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise UserError(f"{where}: invalid YAML: {problem}") from None
+    finally:
+        loader.dispose()
+    return data, lines
+
+
+def _check_nodes(node: yaml.Node, at: tuple, lines: dict[tuple, int], path: Path) -> None:
+    lines.setdefault(at, node.start_mark.line + 1)
+    if node.tag not in _PLAIN_TAGS:
+        raise UserError(
+            f"{path}:{node.start_mark.line + 1}: tag {node.tag!r} not allowed (plain YAML only)"
+        )
+    if isinstance(node, yaml.MappingNode):
+        seen: set[Any] = set()
+        for k, v in node.value:
+            key = k.value
+            if key in seen:
+                raise UserError(f"{path}:{k.start_mark.line + 1}: duplicate key {key!r}")
+            seen.add(key)
+            lines[(*at, key)] = k.start_mark.line + 1
+            _check_nodes(v, (*at, key), lines, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _check_nodes(v, (*at, i), lines, path)
+
+
+def line_of(lines: Mapping[tuple, int], at: Iterable[Any]) -> int | None:
+    """Line of the deepest known prefix of `at`."""
+    key = tuple(at)
+    while key not in lines and key:
+        key = key[:-1]
+    return lines.get(key)
+
+
+# ----------------------------------------------------------------------------- schemas
+
+
+@cache
+def schema(name: str) -> dict[str, Any]:
+    return json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
+
+
+@cache
+def _registry() -> Registry:
+    resources = [
+        (s["$id"], Resource.from_contents(s))
+        for s in (schema(n) for n in ("rule", "knobs", "diagnosis"))
+    ]
+    return Registry().with_resources(resources)
+
+
+def _schema_problems(doc: Any, name: str, path: Path, lines: Mapping[tuple, int]) -> list[Problem]:
+    validator = jsonschema.Draft202012Validator(schema(name), registry=_registry())
+    out: list[Problem] = []
+    grammar_done: set[tuple] = set()
+    for err in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
+        at = list(err.absolute_path)
+        cond_root = _condition_root(at)
+        if cond_root is not None:
+            # jsonschema's oneOf message prints the whole subtree; the grammar parser says what
+            # is wrong and where.
+            if cond_root in grammar_done:
+                continue
+            grammar_done.add(cond_root)
+            node = doc
+            for k in cond_root:
+                node = node[k]
+            try:
+                expr.parse(node, cond_root)
+            except expr.ExprError as exc:
+                out.append(Problem(str(path), line_of(lines, exc.where), f"{cond_root[-1]}: {exc}"))
+                continue
+        msg = err.message
+        if err.validator == "additionalProperties":
+            extra = re.findall(r"'([^']+)' was unexpected", msg) or re.findall(r"\('([^']+)'", msg)
+            if extra:
+                at = [*at, extra[0]]
+                msg = f"unknown field {extra[0]!r}"
+        where = ".".join(map(str, err.absolute_path))
+        text = f"{where}: {_shorten(msg)}" if where else _shorten(msg)
+        out.append(Problem(str(path), line_of(lines, at), text))
+    return out
+
+
+def _condition_root(at: list) -> tuple | None:
+    """The path of the condition tree an error lies in (rule `when`, knob `when`/`then`)."""
+    if at[:1] == ["when"]:
+        return ("when",)
+    if len(at) >= 5 and at[0] == "knobs" and at[2] == "requires" and at[4] in ("when", "then"):
+        return tuple(at[:5])
+    return None
+
+
+def _shorten(msg: str, limit: int = 160) -> str:
+    msg = " ".join(msg.split())
+    return msg if len(msg) <= limit else msg[: limit - 1] + "…"
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+def diagnosis_path_ok(path: str) -> bool:
+    """Does `path` (dotted) name a value field of schemas/diagnosis.schema.json?
+
+    Keys of open maps (`evidence.classes.<kclass>`) may themselves contain dots (`comm.ep.deepep`).
+    """
+    return _schema_walk(schema("diagnosis"), path.split("."), 0)
+
+
+def _schema_walk(node: Any, parts: list[str], i: int) -> bool:
+    node = _deref(node)
+    if i == len(parts):
+        return node.get("type") != "object"  # a leaf must be a value, not a section
+    props = node.get("properties", {})
+    extra = node.get("additionalProperties")
+    if parts[i] in props:
+        return _schema_walk(props[parts[i]], parts, i + 1)
+    if isinstance(extra, dict):
+        return any(_schema_walk(extra, parts, j) for j in range(i + 1, len(parts) + 1))
+    if node.get("type") == "object" and not props and extra is None:
+        return _open_path_ok(parts, i)
+    return False
+
+
+def _open_path_ok(parts: list[str], _: int) -> bool:
+    for pattern in _OPEN_SECTION_PATHS:
+        want = pattern.split(".")
+        if len(want) == len(parts) and all(
+            w == p or (w == "<wall>" and p in WALLS) for w, p in zip(want, parts, strict=True)
+        ):
+            return True
+    return False
+
+
+def _deref(node: Any) -> Any:
+    ref = node.get("$ref") if isinstance(node, dict) else None
+    if ref and ref.startswith("#/$defs/"):
+        return schema("diagnosis")["$defs"][ref.removeprefix("#/$defs/")]
+    return node
+
+
+def contract_path_ok(path: str) -> bool:
+    """Does `path` name a contract field (schemas/contract.schema.json; open sections accept any)?"""
+    parts = path.split(".")
+    f = SCHEMAS / "contract.schema.json"
+    if not f.exists():
+        return parts[0] in _CONTRACT_SECTIONS
+    node: Any = json.loads(f.read_text(encoding="utf-8"))
+    for part in parts:
+        props = node.get("properties", {}) if isinstance(node, dict) else {}
+        if part in props:
+            node = props[part]
+            continue
+        # an open section (no properties, or additionalProperties allowed): anything declared
+        return isinstance(node, dict) and (
+            not props or node.get("additionalProperties") not in (False, None)
+        )
+    return True
+
+
+# ----------------------------------------------------------------------------- knobs
+
+
+def load_catalog(path: Path | None = None) -> Catalog:
+    """Load rules/knobs.yaml (or `path`); raise UserError on the first problem."""
+    path = path or KNOBS_FILE
+    return _load_catalog_cached(path.resolve())
+
+
+@cache
+def _load_catalog_cached(path: Path) -> Catalog:
+    data, lines = read_yaml(path)
+    problems = _schema_problems(data, "knobs", path, lines)
+    if problems:
+        raise UserError(str(problems[0]))
+    names = set(data["knobs"])
+    knobs: dict[str, Knob] = {}
+    for name, spec in data["knobs"].items():
+        reqs = []
+        for i, req in enumerate(spec.get("requires", [])):
+            at = ("knobs", name, "requires", i)
+            conds = []
+            for part in ("when", "then"):
+                try:
+                    cond = expr.parse(req[part], (*at, part))
+                except expr.ExprError as exc:
+                    raise UserError(f"{path}:{line_of(lines, exc.where)}: {exc}") from None
+                for p in expr.predicates(cond):
+                    bad = _predicate_problem(p, names)
+                    if bad:
+                        raise UserError(f"{path}:{line_of(lines, (*at, part))}: {bad}")
+                conds.append(cond)
+            reqs.append(Constraint(name, conds[0], conds[1], req["reason"]))
+        for sub in spec.get("scope", []):
+            if sub not in names:
+                raise UserError(
+                    f"{path}:{line_of(lines, ('knobs', name, 'scope'))}: scope names unknown knob {sub!r}"
+                )
+        if spec["type"] == "enum" and spec["default"] is not None and spec["default"] not in spec["values"]:
+            raise UserError(f"{path}:{line_of(lines, ('knobs', name, 'default'))}: default not in values")
+        knobs[name] = Knob(name, spec, tuple(reqs))
+    gpus = tuple((g["match"], g["arch"]) for g in data["gpus"])
+    return Catalog(knobs, gpus, path)
+
+
+def value_problem(knob: Knob, value: Any) -> str | None:
+    """Why `value` is not legal for `knob`, or None."""
+    spec = knob.spec
+    if value is None:
+        return None  # unset = back to the default
+    kind = spec["type"]
+    legal = spec.get("values")
+    if kind == "bool" and not isinstance(value, bool):
+        return f"{knob.name} is a bool; got {value!r}"
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        return f"{knob.name} is an int; got {value!r}"
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, int | float)):
+        return f"{knob.name} is a number; got {value!r}"
+    if kind in ("int", "float") and "minimum" in spec and value < spec["minimum"]:
+        return f"{knob.name} must be ≥ {spec['minimum']}; got {value!r}"
+    if kind == "enum" and value not in legal:
+        return f"{knob.name} must be one of {legal}; got {value!r}"
+    if kind == "list":
+        if not isinstance(value, list):
+            return f"{knob.name} is a list; got {value!r}"
+        if legal and (bad := [v for v in value if v not in legal]):
+            return f"{knob.name}: {bad} not in {legal}"
+    if kind == "str" and legal and value not in legal:
+        return f"{knob.name} must be one of {legal}; got {value!r}"
+    return None
+
+
+def _predicate_problem(p: expr.Predicate, knob_names: Iterable[str]) -> str | None:
+    names = set(knob_names)
+    if p.source == "metric":
+        for path in (p.path, p.of) if p.of else (p.path,):
+            if path != WINDOW and not diagnosis_path_ok(path):
+                return f"unknown metric path {path!r} (not in schemas/diagnosis.schema.json)"
+    elif p.source == "contract" and not contract_path_ok(p.path):
+        return f"unknown contract path {p.path!r}"
+    elif p.source in ("audit", "knob") and p.path not in names:
+        return f"unknown knob {p.path!r} (not in rules/knobs.yaml)"
+    return None
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def check_rule_file(path: Path, catalog: Catalog) -> tuple[Rule | None, list[Problem]]:
+    """Validate one rule file; return the rule (when valid) and every problem found."""
+    try:
+        data, lines = read_yaml(path)
+    except UserError as exc:
+        return None, [Problem(str(path), None, exc.message.removeprefix(f"{path}: "))]
+    probs = _schema_problems(data, "rule", path, lines)
+    if probs:
+        return None, probs
+
+    def bad(at: tuple, msg: str) -> None:
+        probs.append(Problem(str(path), line_of(lines, at), msg))
+
+    rid = data["id"]
+    if rid != path.stem:
+        bad(("id",), f"id {rid!r} must equal the file stem {path.stem!r}")
+    if rid.split(".")[0] != data["wall"]:
+        bad(("wall",), f"wall {data['wall']!r} must be the id prefix of {rid!r}")
+    if path.parent.name in WALLS and path.parent.name != data["wall"]:
+        bad(("wall",), f"rule of wall {data['wall']!r} lies in folder {path.parent.name!r}")
+    try:
+        when = expr.parse(data["when"], ("when",))
+    except expr.ExprError as exc:
+        bad(exc.where, f"when: {exc}")
+        return None, probs
+    knobs = catalog.knobs
+    for i, p in enumerate(expr.predicates(when)):
+        msg = _predicate_problem(p, knobs)
+        if msg:
+            at = _find_predicate(data["when"], p, ("when",)) or ("when",)
+            bad(at, f"when[{i}]: {msg}")
+    change = data["change"]
+    knob = knobs.get(change["knob"])
+    if knob is None:
+        bad(("change", "knob"), f"unknown knob {change['knob']!r} (not in rules/knobs.yaml)")
+    else:
+        for key in ("to", "from"):
+            if key in change and (msg := value_problem(knob, change[key])):
+                bad(("change", key), msg)
+        for sub, val in (change.get("with") or {}).items():
+            if sub not in knob.scope:
+                bad(("change", "with", sub),
+                    f"{sub!r} is not in the scope of {knob.name} ({list(knob.scope)}): "
+                    "a rule changes exactly one knob")
+            elif msg := value_problem(knobs[sub], val):
+                bad(("change", "with", sub), msg)
+    gain = data["expected_gain"]
+    rec = gain.get("recoverable", {})
+    if "metric" in rec and not diagnosis_path_ok(rec["metric"]):
+        bad(("expected_gain", "recoverable", "metric"), f"unknown metric path {rec['metric']!r}")
+    for key in ("efficiency", "fixed"):
+        if key in gain and gain[key][0] > gain[key][1]:
+            bad(("expected_gain", key), f"{key} range must be [low, high]")
+    if "efficiency" in gain and not all(0 <= x <= 1 for x in gain["efficiency"]):
+        bad(("expected_gain", "efficiency"), "efficiency is a fraction of R in [0, 1]")
+    ver = data["verify"]
+    if not diagnosis_path_ok(ver["metric"]):
+        bad(("verify", "metric"), f"unknown metric path {ver['metric']!r}")
+    if "audit" in ver and ver["audit"] not in knobs:
+        bad(("verify", "audit"), f"unknown knob {ver['audit']!r}")
+    if probs:
+        return None, probs
+    return Rule(rid, data, when, path, lines), probs
+
+
+def _find_predicate(raw: Any, p: expr.Predicate, at: tuple) -> tuple | None:
+    if isinstance(raw, dict):
+        if raw.get(p.source) == p.path and raw.get("op") == p.op:
+            return (*at, p.source)
+        for k, v in raw.items():
+            if found := _find_predicate(v, p, (*at, k)):
+                return found
+    elif isinstance(raw, list):
+        for i, v in enumerate(raw):
+            if found := _find_predicate(v, p, (*at, i)):
+                return found
+    return None
+
+
+def rule_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        raise UserError("rules folder not found", path=folder)
+    return sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def check_rules(folder: Path, catalog: Catalog | None = None) -> tuple[dict[str, Rule], list[Problem]]:
+    """Every rule of a folder and every problem (including duplicate ids)."""
+    catalog = catalog or load_catalog()
+    rules: dict[str, Rule] = {}
+    problems: list[Problem] = []
+    for f in rule_files(folder):
+        rule, probs = check_rule_file(f, catalog)
+        problems += probs
+        if rule is None:
+            continue
+        if rule.id in rules:
+            problems.append(Problem(str(f), line_of(rule.lines, ("id",)),
+                                    f"duplicate id {rule.id!r} (also {rules[rule.id].path})"))
+            continue
+        rules[rule.id] = rule
+    return rules, problems
+
+
+def load_rules(extra: Iterable[Path] = (), catalog: Catalog | None = None) -> dict[str, Rule]:
+    """Built-in rules, then each extra folder: a rule with an existing id overrides it."""
+    catalog = catalog or load_catalog()
+    merged: dict[str, Rule] = {}
+    for folder in (CATALOG, *extra):
+        rules, problems = check_rules(Path(folder), catalog)
+        if problems:
+            raise UserError(str(problems[0]) + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        merged.update(rules)
+    return dict(sorted(merged.items()))
