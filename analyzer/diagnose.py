@@ -24,7 +24,7 @@ import polars as pl
 from analyzer.classify import KernelClasses, class_table, classify, load_classes
 from analyzer.critical_path import diagnosis_section
 from analyzer.frames import GPU_KINDS, Trace
-from analyzer.observed import _in_windows, observe
+from analyzer.observed import in_windows, observe
 from analyzer.steps import Steps, find_steps
 from analyzer.walls import WALL_KEYS, attribute_walls, fractions, median_step, recompute_launches
 from moetune import __version__
@@ -210,7 +210,7 @@ def _per_step_rows(per_step: pl.DataFrame) -> list[dict[str, Any]]:
 
 
 def _evidence(events: pl.DataFrame, steps: Steps, obs_ev: dict[str, Any]) -> dict[str, Any]:
-    gpu = _in_windows(events, steps.table)
+    gpu = in_windows(events, steps.table)
     classes = {
         row["kclass"]: {"count": int(row["count"]), "time_s": row["time_ns"] * NS, "wall": row["wall"]}
         for row in class_table(gpu).to_dicts()

@@ -16,7 +16,7 @@ from analyzer.intervals import END, START, clip, sweep, total, union
 NS = 1e-9
 
 
-def _in_windows(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def in_windows(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """GPU rows starting inside an analyzed step window (with their step)."""
     win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
     return (
@@ -129,7 +129,7 @@ def observe(
     """(observed, evidence) for the analyzed steps. `events` must be classified; `per_step` is
     walls.attribute_walls output (for recompute time)."""
     require(events, ("kclass", "wall", "rclass"), what="classified events")
-    gpu = _in_windows(events, steps)
+    gpu = in_windows(events, steps)
     main_stream = _main_streams(gpu)
     graphs, g_ev = cuda_graph_replay(events, gpu)
     fp8 = gpu.filter(pl.col("kclass") == "compute.gemm.fp8")

@@ -1,0 +1,567 @@
+"""Backend audit: did what the contract claims actually run? (rules/signatures.yaml)
+
+For every Megatron argument a signature tests (`cuda_graph_impl`, `moe_token_dispatcher_type`,
+`fp8`, `moe_grouped_gemm`, …) the audit gives one verdict — `confirmed`, `contradicted` or
+`unobservable` with the reason — and the counts, times and example kernels behind it. The facts come
+from the diagnosis (analyzer/diagnose.py: steps, classified events, `observed` + `evidence`), plus
+the few extra probes the signatures declare, measured over the same steady-step windows.
+A config dump is not proof: a flex dispatcher can fall back to NCCL all-to-all, a graph capture can
+fail to replay, `moe_grouped_gemm` on the local spec still builds per-expert GEMMs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import polars as pl
+import yaml
+
+from analyzer.classify import KernelClasses, load_classes, match_expr
+from analyzer.contract import Contract, load_contract
+from analyzer.frames import GPU_KINDS, Trace
+from analyzer.intervals import END, START, intersect, total_ns, union
+from moetune import __version__
+from moetune.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+SIGNATURES_PATH = ROOT / "rules" / "signatures.yaml"
+SIGNATURES_SCHEMA = ROOT / "schemas" / "signatures.schema.json"
+AUDIT_SCHEMA = ROOT / "schemas" / "audit.schema.json"
+DIAGNOSIS_SCHEMA = ROOT / "schemas" / "diagnosis.schema.json"
+SCHEMA_ID = "moetune.audit/1"
+VERDICTS = ("confirmed", "contradicted", "unobservable")
+NS = 1e-9
+MAX_EXAMPLES = 5
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Signatures:
+    """Validated signatures, in file order (the first that fits an argument decides it)."""
+
+    items: tuple[Mapping[str, Any], ...]
+    source: str
+
+    def keys(self) -> set[str]:
+        return {s["claim"]["arg"] for s in self.items}
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def load_signatures(path: str | Path | None = None, *, classes: KernelClasses | None = None) -> Signatures:
+    """Read rules/signatures.yaml (or `path`), validate it against its schema and check that every
+    kernel class and `observed.*` field it names exists; any problem is a UserError naming it."""
+    return _load(str(path or SIGNATURES_PATH), frozenset((classes or load_classes()).kclasses))
+
+
+@cache
+def _load(path: str, known: frozenset[str]) -> Signatures:
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"cannot read signatures: {exc}", path=path) from None
+    schema = json.loads(SIGNATURES_SCHEMA.read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: e.path)
+    if errors:
+        e = errors[0]
+        where = "/".join(str(p) for p in e.absolute_path) or "(top)"
+        raise UserError(f"invalid signatures at {where}: {e.message}", path=path)
+    observed = set(json.loads(DIAGNOSIS_SCHEMA.read_text())["properties"]["observed"]["properties"])
+    ids: set[str] = set()
+    for sig in doc["signatures"]:
+        if sig["id"] in ids:
+            raise UserError(f"duplicate signature id {sig['id']}", path=path)
+        ids.add(sig["id"])
+        for probe in (sig.get("probes") or {}).values():
+            spec = next(iter(probe.values()))
+            for c in spec.get("classes", []) if isinstance(spec, dict) else []:
+                if not _known_class(c, known):
+                    raise UserError(f"signature {sig['id']}: unknown kernel class {c}", path=path)
+        for c in sig.get("examples", []):
+            if c != "graph" and not _known_class(c, known):
+                raise UserError(f"signature {sig['id']}: unknown kernel class {c}", path=path)
+        for p in _paths(sig):
+            head, _, rest = p.partition(".")
+            if head == "observed" and rest.split(".")[0] not in observed:
+                raise UserError(f"signature {sig['id']}: {p} is not an observed field", path=path)
+            if head == "probe" and rest.split(".")[0] not in (sig.get("probes") or {}):
+                raise UserError(f"signature {sig['id']}: {p} names an undeclared probe", path=path)
+    return Signatures(items=tuple(doc["signatures"]), source=Path(path).name)
+
+
+def _paths(sig: Mapping[str, Any]) -> list[str]:
+    out = list(sig.get("show", []))
+
+    def walk(c: Mapping[str, Any]) -> None:
+        if "path" in c:
+            out.append(c["path"])
+        for sub in c.get("all", []) + c.get("any", []):
+            walk(sub)
+        if "not" in c:
+            walk(c["not"])
+
+    for c in [sig["ran_when"], sig["not_ran_when"], *(u["when"] for u in sig.get("unobservable", []))]:
+        walk(c)
+    return out
+
+
+# --- claims and conditions --------------------------------------------------------------------
+
+
+def _fits(matcher: Mapping[str, Any], value: Any) -> bool:
+    if "in" in matcher:
+        return any(value == v and type(value) is type(v) for v in matcher["in"]) or (
+            value is None and None in matcher["in"]
+        )
+    if matcher.get("nonempty"):
+        return isinstance(value, list | tuple) and len(value) > 0
+    return False
+
+
+def claim_of(sig: Mapping[str, Any], claims: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """('ran' | 'not_ran', {arg: value, …}) when the contract's arguments make this signature's
+    claim, else None."""
+    spec = sig["claim"]
+    arg = spec["arg"]
+    if arg not in claims:
+        return None
+    value = claims[arg]
+    for expects in ("ran", "not_ran"):
+        if expects in spec and _fits(spec[expects], value):
+            if expects == "ran":
+                for other, matcher in (spec.get("with") or {}).items():
+                    if other not in claims or not _fits(matcher, claims[other]):
+                        return None
+            claimed = {arg: value} | {o: claims[o] for o in (spec.get("with") or {}) if o in claims}
+            return expects, claimed
+    return None
+
+
+def lookup(facts: Mapping[str, Any], path: str) -> Any:
+    node: Any = facts
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+    "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b,
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "in": lambda a, b: a in b,
+}
+
+
+def holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
+    """Evaluate a signature condition; a leaf on a missing (or null, for ordering ops) fact is false."""
+    if "all" in cond:
+        return all(holds(c, facts) for c in cond["all"])
+    if "any" in cond:
+        return any(holds(c, facts) for c in cond["any"])
+    if "not" in cond:
+        return not holds(cond["not"], facts)
+    value = lookup(facts, cond["path"])
+    op = cond["op"]
+    if op == "exists":
+        return value is not _MISSING
+    if op == "missing":
+        return value is _MISSING
+    if value is _MISSING or (value is None and op not in ("eq", "ne")):
+        return False
+    try:
+        return bool(_OPS[op](value, cond.get("value")))
+    except TypeError:  # e.g. a string compared with a number: the claim cannot be judged this way
+        return False
+
+
+def judge(sig: Mapping[str, Any], expects: str, facts: Mapping[str, Any]) -> tuple[str, str]:
+    """(verdict, reason) for one signature over the facts."""
+    for u in sig.get("unobservable", []):
+        if holds(u["when"], facts):
+            return "unobservable", u["reason"]
+    ran = holds(sig["ran_when"], facts)
+    not_ran = not ran and holds(sig["not_ran_when"], facts)
+    if expects == "ran":
+        if ran:
+            return "confirmed", f"ran: {sig['proves_ran']}"
+        if not_ran:
+            return "contradicted", f"claimed, but {sig['proves_not_ran']}"
+    else:
+        if ran:
+            return "contradicted", f"claimed off, but it ran: {sig['proves_ran']}"
+        if not_ran:
+            return "confirmed", f"off as claimed: {sig['proves_not_ran']}"
+    return "unobservable", sig["inconclusive"]
+
+
+# --- probes -----------------------------------------------------------------------------------
+
+
+def _iv(df: pl.DataFrame) -> pl.DataFrame:
+    return df.select("rank", pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END))
+
+
+def _stat(df: pl.DataFrame) -> dict[str, Any]:
+    return {"count": df.height, "time_s": round(float(df.get_column("dur_ns").sum() or 0) * NS, 9)}
+
+
+def _class_expr(classes: Sequence[str]) -> pl.Expr:
+    """kclass in `classes`; an entry ending in `.*` is a family (`comm.deepep.*`)."""
+    exact = [c for c in classes if not c.endswith(".*")]
+    cond = pl.col("kclass").is_in(exact)
+    for fam in (c[:-1] for c in classes if c.endswith(".*")):
+        cond = cond | pl.col("kclass").str.starts_with(fam)
+    return cond
+
+
+def _known_class(name: str, known: frozenset[str]) -> bool:
+    if name.endswith(".*"):
+        return any(k.startswith(name[:-1]) for k in known)
+    return name in known
+
+
+def _kernels_probe(gpu: pl.DataFrame, spec: Mapping[str, Any]) -> dict[str, Any]:
+    cond = pl.lit(False)
+    if spec.get("classes"):
+        cond = cond | _class_expr(spec["classes"])
+    if spec.get("regex"):
+        cond = cond | ((pl.col("kind") == "kernel") & match_expr({"regex": list(spec["regex"])}))
+    hit = gpu.filter(cond)
+    return {**_stat(hit), **_stream_spread(hit), "examples": _examples(hit)}
+
+
+def _stream_spread(df: pl.DataFrame) -> dict[str, Any]:
+    """How the kernels spread over streams: distinct streams (most on one rank), and the share of
+    time-consecutive kernels that switch stream — round-robin dispatch onto side streams switches
+    often even when host-bound launches leave the kernels no chance to overlap."""
+    if df.height < 2:
+        return {"streams": int(df.get_column("stream").n_unique()) if df.height else 0, "stream_switch_fraction": 0.0}
+    d = df.sort("rank", "ts_ns").with_columns(
+        (pl.col("stream") != pl.col("stream").shift(1).over("rank")).alias("_sw")
+    )
+    pairs = d.filter(pl.col("_sw").is_not_null())
+    streams = d.group_by("rank").agg(pl.col("stream").n_unique()).get_column("stream").max()
+    return {
+        "streams": int(streams or 0),
+        "stream_switch_fraction": round(pairs.get_column("_sw").mean() or 0.0, 4) if pairs.height else 0.0,
+    }
+
+
+def _overlap_probe(gpu: pl.DataFrame, spec: Mapping[str, Any]) -> dict[str, Any]:
+    comm = gpu.filter(_class_expr(spec["classes"]) & (pl.col("dur_ns") > 0))
+    comp = gpu.filter((pl.col("wall") == "compute") & (pl.col("kind") == "kernel") & (pl.col("dur_ns") > 0))
+    comm_u = union(_iv(comm), by=["rank"])
+    both = intersect(comm_u, union(_iv(comp), by=["rank"]), by=["rank"])
+    busy, over = total_ns(comm_u), total_ns(both)
+    return {
+        **_stat(comm),
+        "busy_s": round(busy * NS, 9),
+        "overlapped_s": round(over * NS, 9),
+        "fraction": round(over / busy, 4) if busy else 0.0,
+    }
+
+
+def _host_probe(host: pl.DataFrame, spec: Mapping[str, Any], classes: KernelClasses) -> dict[str, Any]:
+    cond = pl.lit(False)
+    if spec.get("regex"):
+        cond = cond | match_expr({"regex": list(spec["regex"])})
+    if spec.get("classes_recompute") and classes.recompute_regions:
+        cond = cond | match_expr(classes.recompute_regions)
+    return {"count": host.filter(cond).height}
+
+
+def _graph_scope_probe(
+    events: pl.DataFrame, gpu: pl.DataFrame, spec: Mapping[str, Any], modules: Sequence[str]
+) -> dict[str, Any]:
+    """Kernels launched eagerly (not by a graph launch, no graph node id) inside host annotation /
+    NVTX / Python-module ranges, or on-stream GPU annotations, named for each claimed module."""
+    graph_corr = events.filter(pl.col("rclass") == "graph_launch").select("rank", "correlation").unique()
+    eager = gpu.filter(
+        (pl.col("kind") == "kernel") & (pl.col("graph_node_id").fill_null(0) == 0)
+    ).join(graph_corr, on=["rank", "correlation"], how="anti")
+    launches = events.filter((pl.col("rclass") == "launch") & pl.col("correlation").is_not_null())
+    by_module: dict[str, int] = {}
+    ranges_seen = 0
+    for module in modules:
+        patterns = spec["modules"].get(module)
+        if not patterns:
+            continue
+        named = events.filter(match_expr({"regex": list(patterns)}))
+        # host ranges: annotations / NVTX, and Kineto with_stack `nn.Module: <Class>_N` frames
+        host = named.filter(pl.col("kind").cast(pl.String).is_in(["annotation", "python"]))
+        dev = named.filter(pl.col("kind") == "gpu_annotation")
+        ranges_seen += host.height + dev.height
+        hits: list[pl.DataFrame] = []
+        if host.height and launches.height:
+            inside = _inside(launches.select("rank", "tid", "ts_ns", "correlation"), host, ["rank", "tid"])
+            hits.append(eager.join(inside.select("rank", "correlation").unique(), on=["rank", "correlation"], how="semi"))
+        if dev.height:
+            ranges = dev.with_columns(pl.col("tid").alias("stream"))
+            hits.append(_inside(eager, ranges, ["rank", "stream"]))
+        n = pl.concat([h.select("rank", "ts_ns", "stream", "name") for h in hits]).unique().height if hits else 0
+        by_module[module] = n
+    return {"ranges": ranges_seen, "eager_kernels": sum(by_module.values()), "eager_by_module": by_module}
+
+
+def _inside(points: pl.DataFrame, ranges: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Rows of `points` whose ts_ns lies inside the union of `ranges` sharing the `by` keys."""
+    iv = union(
+        ranges.select(*by, pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END)),
+        by=by,
+    )
+    if iv.height == 0 or points.height == 0:
+        return points.clear()
+    cast = {k: iv.schema[k] for k in by}
+    pts = points.with_columns([pl.col(k).cast(t) for k, t in cast.items()]).sort("ts_ns")
+    return (
+        pts.join_asof(iv.sort(START), left_on="ts_ns", right_on=START, by=by, strategy="backward",
+                      check_sortedness=False)
+        .filter(pl.col(END).is_not_null() & (pl.col("ts_ns") < pl.col(END)))
+        .drop(START, END)
+    )
+
+
+def _host_in_steps(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """Host annotations and CPU ops starting inside an analyzed step's host range."""
+    host = events.filter(pl.col("kind").cast(pl.String).is_in(["annotation", "cpu_op"]))
+    win = steps.select("rank", "start_ns", "end_ns").unique()
+    return (
+        host.with_row_index("_i")
+        .join(win, on="rank", how="inner")
+        .filter((pl.col("ts_ns") >= pl.col("start_ns")) & (pl.col("ts_ns") < pl.col("end_ns")))
+        .unique("_i", keep="first", maintain_order=True)
+        .drop("_i", "start_ns", "end_ns")
+    )
+
+
+def _examples(df: pl.DataFrame, limit: int = 3) -> list[dict[str, Any]]:
+    if df.height == 0:
+        return []
+    top = (
+        df.group_by("name")
+        .agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("t"), pl.col("kclass").first())
+        .sort(["t", "name"], descending=[True, False])
+        .head(limit)
+    )
+    return [
+        {"name": _short(r["name"]), "kclass": r["kclass"] or "", "count": int(r["count"]),
+         "time_s": round(r["t"] * NS, 9)}
+        for r in top.to_dicts()
+    ]
+
+
+def _short(name: str, limit: int = 160) -> str:
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+# --- the audit --------------------------------------------------------------------------------
+
+
+def thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [thaw(v) for v in value]
+    return value
+
+
+def applicable(signatures: Signatures, claims: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str, dict]]:
+    """(signature, expects, claimed) per tested argument: the first signature that fits wins."""
+    out, taken = [], set()
+    for sig in signatures.items:
+        arg = sig["claim"]["arg"]
+        if arg in taken:
+            continue
+        fit = claim_of(sig, claims)
+        if fit:
+            out.append((sig, *fit))
+            taken.add(arg)
+    return out
+
+
+class AuditRun:
+    """One audit sharing the diagnosis pass: add `section` to `diagnose_trace(sections=…)` (it
+    measures the signatures' probes on the same classified events and steady-step windows), then
+    call `document(diagnosis)`. `audit_trace` does both; `recommend` can reuse its own diagnosis."""
+
+    def __init__(self, contract: Contract, trace: Trace, *, signatures: Signatures | None = None,
+                 classes: KernelClasses | None = None) -> None:
+        self.contract, self.trace = contract, trace
+        self.classes = classes or load_classes()
+        self.signatures = signatures or load_signatures(classes=self.classes)
+        self.claims = dict(contract.claims())
+        self.todo = applicable(self.signatures, self.claims)
+        self.probes: dict[str, dict[str, Any]] = {}
+        self.trace_facts: dict[str, Any] = {}
+
+    @property
+    def gpu_rows(self) -> int:
+        return self.trace.events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS)).height
+
+    def section(self, _trace: Trace, steps: Any, ctx: Any) -> dict[str, Any]:
+        """diagnose_trace section hook: measure the probes; adds nothing to the diagnosis."""
+        from analyzer.observed import in_windows
+
+        events, trace = ctx.events, self.trace
+        gpu = in_windows(events, steps.table)
+        host = _host_in_steps(events, steps.table)
+        modes = set()
+        if trace.ranks.height:
+            modes = {str(m).lower() for m in trace.ranks.get_column("graph_trace_mode").drop_nulls()}
+        self.trace_facts.update(
+            gpu_kernels=gpu.filter(pl.col("kind") == "kernel").height,
+            graph_trace_mode="graph" if "graph" in modes else (sorted(modes)[0] if modes else None),
+            formats=trace.formats,
+            cpu_ops=host.filter(pl.col("kind") == "cpu_op").height,
+            annotations=host.filter(pl.col("kind") == "annotation").height,
+        )
+        graph_corr = events.filter(pl.col("rclass") == "graph_launch").select("rank", "correlation").unique()
+        graph_k = pl.concat([
+            gpu.join(graph_corr, on=["rank", "correlation"], how="semi"),
+            gpu.filter(pl.col("graph_node_id").fill_null(0) != 0),
+        ]).unique()
+        for sig, _expects, claimed in self.todo:
+            res: dict[str, Any] = {}
+            for name, probe in (sig.get("probes") or {}).items():
+                kind, spec = next(iter(probe.items()))
+                if kind == "kernels":
+                    res[name] = _kernels_probe(gpu, spec)
+                elif kind == "overlap":
+                    res[name] = _overlap_probe(gpu, spec)
+                elif kind == "host":
+                    res[name] = _host_probe(host, spec, self.classes)
+                elif kind == "graph_scope":
+                    mods = claimed.get(sig["claim"]["arg"]) or []
+                    res[name] = _graph_scope_probe(events, gpu, spec, list(mods))
+            ex: list[dict[str, Any]] = []
+            for c in sig.get("examples", []):
+                ex += _examples(graph_k if c == "graph" else gpu.filter(_class_expr([c])))
+            for r in res.values():  # then what the kernel probes matched (e.g. unfused top-k)
+                ex += r.get("examples", [])
+            seen: set[str] = set()
+            res["_examples"] = [e for e in ex if not (e["name"] in seen or seen.add(e["name"]))][:MAX_EXAMPLES]
+            self.probes[sig["id"]] = res
+        return {}
+
+    def document(self, diagnosis: Mapping[str, Any] | None, *, files: Sequence[Path] = ()) -> dict[str, Any]:
+        """The audit document from the diagnosis this run's `section` took part in (None: no GPU
+        events, every claim unobservable)."""
+        doc = diagnosis or {}
+        claims, contract = self.claims, self.contract
+        warnings = list(contract.warnings) + list(doc.get("warnings", []))
+        if self.todo and not doc:
+            warnings.append("the trace holds no GPU events (CPU-only profile?): nothing can be observed")
+        verdicts: dict[str, dict[str, Any]] = {}
+        for sig, expects, claimed in self.todo:
+            res = self.probes.get(sig["id"], {})
+            facts = {
+                "observed": doc.get("observed", {}),
+                "evidence": doc.get("evidence", {}),
+                "probe": {k: v for k, v in res.items() if not k.startswith("_")},
+                "claims": claims,
+                "trace": self.trace_facts,
+            }
+            if doc:
+                verdict, reason = judge(sig, expects, facts)
+            else:
+                verdict, reason = "unobservable", "the trace holds no GPU events (CPU-only profile?)"
+            shown = {p: (None if (v := lookup(facts, p)) is _MISSING else v) for p in sig.get("show", [])}
+            verdicts[sig["claim"]["arg"]] = {
+                "verdict": verdict,
+                "claimed": thaw(claimed),
+                "expects": expects,
+                "signature": sig["id"],
+                "title": sig["title"],
+                "evidence": shown,
+                "examples": res.get("_examples", []),
+                "reason": reason,
+            }
+        counts = {v: sum(1 for x in verdicts.values() if x["verdict"] == v) for v in VERDICTS}
+        tested = self.signatures.keys()
+        unaudited = sorted(a for a in claims if a in tested and a not in verdicts and claims[a] is not None)
+        return {
+            "schema": SCHEMA_ID,
+            "tool": {"name": "moetune", "version": __version__},
+            "inputs": doc.get("inputs") or _inputs(self.trace, files),
+            "contract": {"file": Path(contract.source).name if contract.source else None,
+                         "label": contract.label, "warnings": list(contract.warnings)},
+            "steps": doc.get("steps", []),
+            "verdicts": dict(sorted(verdicts.items())),
+            "summary": {**counts, "passed": counts["contradicted"] == 0, "unaudited": unaudited},
+            "warnings": sorted(set(warnings)),
+        }
+
+
+def audit_trace(
+    contract: Contract,
+    trace: Trace,
+    *,
+    files: Sequence[Path] = (),
+    window: str | None = None,
+    signatures: Signatures | None = None,
+    classes: KernelClasses | None = None,
+) -> dict[str, Any]:
+    """The audit document (schemas/audit.schema.json) for a contract and an already-read trace."""
+    from analyzer.diagnose import diagnose_trace
+
+    run = AuditRun(contract, trace, signatures=signatures, classes=classes)
+    diagnosis = None
+    if run.todo and run.gpu_rows:
+        diagnosis = diagnose_trace(trace, files=files, window=window, contract=thaw(contract.raw),
+                                   sections=[("audit", run.section)], classes=run.classes)
+    return run.document(diagnosis, files=files)
+
+
+def _inputs(trace: Trace, files: Sequence[Path]) -> list[dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in trace.ranks.sort("rank").to_dicts() if trace.ranks.height else []:
+        name = Path(str(r.get("source") or "")).name
+        e = out.setdefault(name, {"file": name, "format": r.get("format") or "kineto", "ranks": []})
+        e["ranks"].append(int(r["rank"]))
+    for f in files:
+        out.setdefault(f.name, {"file": f.name, "format": "kineto", "ranks": []})
+    return [out[k] for k in sorted(out)]
+
+
+def audit(
+    contract: str | Path | Contract,
+    traces: Sequence[str | Path],
+    *,
+    window: str | None = None,
+    signatures: Signatures | None = None,
+) -> dict[str, Any]:
+    """Read the contract and the trace files, audit every claim; see `audit_trace`."""
+    from analyzer.readers import expand, load_trace
+
+    con = contract if isinstance(contract, Contract) else load_contract(contract)
+    files = expand(list(traces))
+    return audit_trace(con, load_trace(list(traces)), files=files, window=window, signatures=signatures)
+
+
+@cache
+def audit_validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads(AUDIT_SCHEMA.read_text()))
+
+
+def describe_claim(claimed: Mapping[str, Any]) -> str:
+    parts = [f"{k} = {_fmt(v)}" for k, v in claimed.items()]
+    return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(map(str, v)) + "]"
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+

@@ -1,0 +1,332 @@
+"""The measurement contract: what was measured, under which conditions (schemas/contract.schema.json).
+
+A contract is JSON or YAML. Every section is optional, so a contract of only `megatron_args` is valid
+input for audit and recommend; `check_contract(doc, strict=True)` demands the complete set. Field
+types are enforced by the schema; the rest of the knowledge this module applies is data in that
+schema too: `x-megatron-arg` (which Megatron argument a section field mirrors),
+`x-benchmark-only-when` (fields that force the `benchmark-only` label) and
+`$defs/known_megatron_arg` (argument names; others only warn).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+import jsonschema
+import yaml
+from referencing import Registry, Resource
+
+from moetune.errors import UserError
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "contract.schema.json"
+SCHEMA_ID = "moetune.contract/1"
+Severity = Literal["error", "warning"]
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One finding of `check_contract`, naming the field by its dotted path."""
+
+    path: str
+    message: str
+    severity: Severity = "error"
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+@dataclass(frozen=True, slots=True)
+class Parallelism:
+    tp: int | None = None
+    pp: int | None = None
+    vpp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
+    dp: int | None = None
+    sequence_parallel: bool | None = None
+    world_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Contract:
+    """A frozen, typed view of a contract plus the raw document (read-only mappings all the way)."""
+
+    raw: Mapping[str, Any]
+    source: str | None
+    label: str | None
+    parallelism: Parallelism
+    megatron_args: Mapping[str, Any]
+    warnings: tuple[str, ...] = ()
+
+    def get(self, path: str, default: Any = None) -> Any:
+        """Value at a dotted path (`shape.static`, `megatron_args.moe_grouped_gemm`) or `default`."""
+        value = lookup(self.raw, path)
+        return default if value is _MISSING else value
+
+    def section(self, name: str) -> Mapping[str, Any]:
+        value = self.raw.get(name)
+        return value if isinstance(value, Mapping) else MappingProxyType({})
+
+    def claims(self) -> Mapping[str, Any]:
+        """Megatron arguments the contract asserts, current names only: `megatron_args` first, then
+        section fields that mirror an argument (`parallelism.ep` -> `expert_model_parallel_size`)
+        where the args are silent; deprecated names mapped (`moe_enable_deepep` -> flex + deepep)."""
+        from analyzer.megatron_args import normalize_args  # imports this module
+
+        return MappingProxyType(normalize_args(effective_args(self.raw))[0])
+
+
+# --- schema -----------------------------------------------------------------------------------
+
+
+@cache
+def contract_schema() -> Mapping[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+@cache
+def _validators() -> tuple[jsonschema.Draft202012Validator, jsonschema.Draft202012Validator]:
+    schema = contract_schema()
+    registry = Registry().with_resource(schema["$id"], Resource.from_contents(schema))
+    base = jsonschema.Draft202012Validator(schema, registry=registry)
+    strict = jsonschema.Draft202012Validator(schema["$defs"]["complete"], registry=registry)
+    return base, strict
+
+
+@cache
+def known_megatron_args() -> frozenset[str]:
+    return frozenset(contract_schema()["$defs"]["known_megatron_arg"]["enum"])
+
+
+@cache
+def arg_mirrors() -> tuple[tuple[str, str], ...]:
+    """(section.field, megatron_arg) pairs declared by `x-megatron-arg` in the schema."""
+    out = []
+    for sec, sub in contract_schema()["properties"].items():
+        for field, spec in sub.get("properties", {}).items():
+            if "x-megatron-arg" in spec:
+                out.append((f"{sec}.{field}", spec["x-megatron-arg"]))
+    return tuple(out)
+
+
+def lookup(doc: Mapping[str, Any], path: str) -> Any:
+    node: Any = doc
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def effective_args(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`megatron_args` plus the arguments that section fields mirror (explicit args win)."""
+    margs = doc.get("megatron_args")
+    out: dict[str, Any] = dict(margs) if isinstance(margs, Mapping) else {}
+    for path, arg in arg_mirrors():
+        value = lookup(doc, path)
+        if value is not _MISSING and arg not in out:
+            out[arg] = value
+    precision = doc.get("precision")
+    if isinstance(precision, Mapping) and precision.get("params") in ("bf16", "fp16"):
+        out.setdefault(precision["params"], True)
+    return out
+
+
+# --- checking ---------------------------------------------------------------------------------
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+def _type_word(t: Any) -> str:
+    return " or ".join(t) if isinstance(t, list) else str(t)
+
+
+def _schema_problems(error: jsonschema.ValidationError) -> Iterator[Problem]:
+    if error.context:  # anyOf/oneOf/allOf: report the leaves
+        for sub in error.context:
+            yield from _schema_problems(sub)
+        return
+    path = ".".join(str(p) for p in error.absolute_path)
+    kind, inst = error.validator, error.instance
+    if kind == "type":
+        yield Problem(path, f"expected {_type_word(error.validator_value)}, got {_json(inst)}")
+    elif kind == "required":
+        present = inst if isinstance(inst, Mapping) else {}
+        for name in error.validator_value:
+            if name not in present:
+                yield Problem(f"{path}.{name}" if path else name, "missing (required by --strict)")
+    elif kind == "additionalProperties":
+        allowed = set(error.schema.get("properties", {}))
+        for name in sorted(k for k in inst if k not in allowed):
+            hint = ", ".join(sorted(allowed)) if len(allowed) <= 16 else "see schemas/contract.schema.json"
+            yield Problem(f"{path}.{name}" if path else name, f"unknown field (expected one of: {hint})")
+    elif kind == "enum":
+        choices = ", ".join(_json(v) for v in error.validator_value)
+        yield Problem(path, f"expected one of {choices}, got {_json(inst)}")
+    elif kind == "const":
+        yield Problem(path, f"expected {_json(error.validator_value)}, got {_json(inst)}")
+    elif kind == "minimum":
+        yield Problem(path, f"expected >= {error.validator_value}, got {_json(inst)}")
+    elif kind == "pattern":
+        yield Problem(path, f"expected a string matching {error.validator_value}, got {_json(inst)}")
+    elif kind == "minProperties":
+        yield Problem(path, "must not be empty (required by --strict)")
+    else:
+        yield Problem(path, error.message)
+
+
+def check_contract(doc: Any, *, strict: bool = False) -> list[Problem]:
+    """Every problem with a contract document: schema errors, label violations, section/argument
+    disagreements (errors); unknown Megatron argument names (warnings). Sorted, errors first."""
+    if not isinstance(doc, Mapping):
+        return [Problem("", f"expected a mapping of sections, got {type(doc).__name__}")]
+    base, complete = _validators()
+    validator = complete if strict else base
+    problems = [p for e in validator.iter_errors(doc) for p in _schema_problems(e)]
+    problems += _label_problems(doc)
+    problems += _mirror_problems(doc)
+    margs = doc.get("megatron_args")
+    if isinstance(margs, Mapping):
+        known = known_megatron_args()
+        problems += [
+            Problem(f"megatron_args.{k}", "not a Megatron-LM argument moetune knows (kept as is)", "warning")
+            for k in margs
+            if k not in known
+        ]
+        problems += _deprecated_problems(margs)
+    unique = {(p.severity, p.path, p.message): p for p in problems}
+    return sorted(unique.values(), key=lambda p: (p.severity != "error", p.path, p.message))
+
+
+def _deprecated_problems(margs: Mapping[str, Any]) -> list[Problem]:
+    from analyzer.megatron_args import RENAMED, SWITCHES  # imports this module
+
+    out = [
+        Problem(f"megatron_args.{k}", f"deprecated name; read as {RENAMED[k]}", "warning")
+        for k in margs
+        if k in RENAMED
+    ]
+    out += [
+        Problem(
+            f"megatron_args.{k}",
+            "deprecated switch; read as " + ", ".join(f"{a}={v}" for a, v in SWITCHES[k].items()),
+            "warning",
+        )
+        for k in margs
+        if k in SWITCHES and margs[k] is True
+    ]
+    return out
+
+
+def benchmark_only_reasons(doc: Mapping[str, Any]) -> list[tuple[str, Any, str]]:
+    """(path, value, why) for every field that makes the run benchmark-only."""
+    out = []
+    for rule in contract_schema()["x-benchmark-only-when"]:
+        value = lookup(doc, rule["path"])
+        if value is not _MISSING and value == rule["equals"] and type(value) is type(rule["equals"]):
+            out.append((rule["path"], value, rule["why"]))
+    return out
+
+
+def _label_problems(doc: Mapping[str, Any]) -> list[Problem]:
+    if doc.get("label") != "training-equivalent":
+        return []
+    return [
+        Problem(
+            "label",
+            f"training-equivalent, but {path} = {_json(value)} ({why}): label must be benchmark-only",
+        )
+        for path, value, why in benchmark_only_reasons(doc)
+    ]
+
+
+def _mirror_problems(doc: Mapping[str, Any]) -> list[Problem]:
+    """A section field and the Megatron argument it mirrors must agree when both are given."""
+    margs = doc.get("megatron_args")
+    if not isinstance(margs, Mapping):
+        return []
+    out = []
+    for path, arg in arg_mirrors():
+        value = lookup(doc, path)
+        if value is _MISSING or arg not in margs:
+            continue
+        other = margs[arg]
+        if isinstance(value, list) and isinstance(other, list | tuple):
+            same = list(value) == list(other)
+        else:
+            same = value == other
+        if not same:
+            out.append(
+                Problem(path, f"{_json(value)} disagrees with megatron_args.{arg} = {_json(other)}")
+            )
+    return out
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def read_document(path: str | Path) -> Any:
+    """Parse a JSON or YAML file (YAML is a superset; JSON errors read better for .json)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise UserError("no such file", path=p) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read: {exc}", path=p) from None
+    try:
+        if p.suffix.lower() == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"invalid JSON at line {exc.lineno}: {exc.msg}", path=p) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"invalid YAML{where}: {getattr(exc, 'problem', exc)}", path=p) from None
+
+
+def freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def contract_from_doc(doc: Mapping[str, Any], *, source: str | None = None) -> Contract:
+    """Validate (non-strict) and wrap; any error is a UserError naming the first bad field."""
+    problems = check_contract(doc)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        more = f" (and {len(errors) - 1} more; run `moetune contract check`)" if len(errors) > 1 else ""
+        raise UserError(f"invalid contract: {errors[0]}{more}", path=source)
+    par = doc.get("parallelism") if isinstance(doc.get("parallelism"), Mapping) else {}
+    return Contract(
+        raw=freeze(doc),
+        source=source,
+        label=doc.get("label"),
+        parallelism=Parallelism(**{k: par.get(k) for k in Parallelism.__slots__}),
+        megatron_args=freeze(doc.get("megatron_args") or {}),
+        warnings=tuple(str(p) for p in problems if p.severity == "warning"),
+    )
+
+
+def load_contract(path: str | Path) -> Contract:
+    """Read, validate and freeze a contract file (JSON or YAML). Bad input raises UserError."""
+    doc = read_document(path)
+    if doc is None:
+        raise UserError("is empty", path=path)
+    if not isinstance(doc, Mapping):
+        raise UserError(f"expected a mapping of sections, got {type(doc).__name__}", path=path)
+    return contract_from_doc(doc, source=str(path))

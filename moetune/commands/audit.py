@@ -1,0 +1,76 @@
+"""`moetune audit --contract FILE TRACE... [--json]`: did the claimed backends actually run?
+
+Exit 0 when nothing is contradicted, 1 when a claim is contradicted, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from analyzer.audit import audit, describe_claim
+from moetune.errors import GateFailed
+
+MARK = {"confirmed": "confirmed   ", "contradicted": "CONTRADICTED", "unobservable": "unobservable"}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "audit",
+        help="check the contract's claimed backends against trace evidence",
+        description="For every feature the contract claims (CUDA graphs, dispatcher backend, FP8, "
+        "grouped GEMM, fusions, recompute, offload, overlap), say whether the trace confirms it, "
+        "contradicts it, or cannot show it — with the evidence. Exit 1 if anything is contradicted.",
+    )
+    p.add_argument("--contract", required=True, help="contract file (YAML or JSON)")
+    p.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto .json[.gz] / nsys .sqlite files or directories")
+    p.add_argument("--window", help="steady steps A:B (default: the contract's window.steady)")
+    p.add_argument("--json", action="store_true", help="print the audit document (schemas/audit.schema.json)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = audit(args.contract, args.traces, window=args.window)
+    if args.json:
+        print(json.dumps(doc, indent=1, sort_keys=False))
+    else:
+        sys.stdout.write(render(doc))
+    if not doc["summary"]["passed"]:
+        raise GateFailed("")
+    return 0
+
+
+def render(doc: dict[str, Any]) -> str:
+    """Human text: one block per verdict, contradicted first."""
+    files = ", ".join(i["file"] for i in doc["inputs"])
+    steps = doc.get("steps") or []
+    span = f" · steps {steps[0]}–{steps[-1]}" if steps else ""
+    label = doc["contract"]["label"] or "unlabelled"
+    lines = [f"moetune audit {doc['contract']['file']} ({label}) · {files}{span}"]
+    order = {"contradicted": 0, "unobservable": 1, "confirmed": 2}
+    items = sorted(doc["verdicts"].items(), key=lambda kv: (order[kv[1]["verdict"]], kv[0]))
+    for _arg, v in items:
+        lines.append(f"{MARK[v['verdict']]}  {describe_claim(v['claimed'])}  — {v['title']}")
+        lines.append(f"    {v['reason']}")
+        ev = " · ".join(f"{k.split('.', 1)[-1]} {_num(val)}" for k, val in v["evidence"].items())
+        if ev:
+            lines.append(f"    evidence: {ev}")
+        for e in v.get("examples", [])[:2]:
+            lines.append(f"    e.g. {e['name'][:100]} ×{e['count']}, {e['time_s'] * 1e3:.3f} ms")
+    s = doc["summary"]
+    lines.append(
+        f"{s['contradicted']} contradicted, {s['confirmed']} confirmed, {s['unobservable']} unobservable"
+        + ("" if doc["verdicts"] else " (the contract claims nothing the audit tests)")
+    )
+    lines += [f"warning: {w}" for w in doc.get("warnings", [])]
+    return "\n".join(lines) + "\n"
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {x}" for k, x in v.items()) + "}"
+    return "null" if v is None else str(v)

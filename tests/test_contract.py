@@ -1,0 +1,232 @@
+"""Measurement contract: schema, label validation, strictness, loading, and the `contract` CLI."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from analyzer.contract import (
+    SCHEMA_PATH,
+    check_contract,
+    contract_from_doc,
+    contract_schema,
+    effective_args,
+    load_contract,
+)
+from moetune.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN = ROOT / "fixtures" / "contracts" / "qwen3_30b_h100.yaml"
+EXAMPLES = sorted((ROOT / "fixtures" / "contracts").glob("*.yaml"))
+
+
+def errors(doc: dict, *, strict: bool = False) -> list[str]:
+    return [str(p) for p in check_contract(doc, strict=strict) if p.severity == "error"]
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "moetune", *argv], cwd=ROOT, capture_output=True, text=True
+    )
+
+
+def test_schema_is_valid_draft_2020_12_with_versioned_id() -> None:
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["$id"] == "https://moetune.dev/schemas/contract/1"
+    assert schema["properties"]["schema"]["const"] == "moetune.contract/1"
+    typed = [k for k, v in schema["properties"].items() if v.get("properties") and k != "megatron_args"]
+    assert len(typed) == 11
+    assert "additionalProperties" not in schema["properties"]["megatron_args"]  # free-form
+    assert all(schema["properties"][k]["additionalProperties"] is False for k in typed)
+
+
+COMPLETE = ["qwen3_30b_h100.yaml", "dsv3_h100_1024_fp8_deepep.yaml", "mcore_h200_hostbound.yaml"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_contract_is_valid(path: Path) -> None:
+    assert errors(yaml.safe_load(path.read_text())) == []
+
+
+@pytest.mark.parametrize("name", COMPLETE)
+def test_complete_examples_pass_strict_without_warnings(name: str) -> None:
+    doc = yaml.safe_load((ROOT / "fixtures" / "contracts" / name).read_text())
+    assert check_contract(doc, strict=True) == []
+
+
+def test_type_error_names_the_field_path() -> None:
+    assert errors({"parallelism": {"ep": "8x"}}) == ['parallelism.ep: expected integer, got "8x"']
+    assert errors({"versions": {"cuda": 12.9}}) == ["versions.cuda: expected string, got 12.9"]
+    assert errors({"parallelism": {"vpp": "two"}}) == [
+        'parallelism.vpp: expected integer or null, got "two"'
+    ]
+
+
+def test_unknown_field_in_typed_section_is_an_error_but_megatron_args_only_warn() -> None:
+    assert errors({"shape": {"seq_len": 4096}})[0].startswith("shape.seq_len: unknown field")
+    problems = check_contract({"megatron_args": {"moe_grouped_gemm": True, "moe_frobnicate": 1}})
+    assert [(p.severity, p.path) for p in problems] == [("warning", "megatron_args.moe_frobnicate")]
+
+
+def test_enum_and_const_messages() -> None:
+    assert errors({"label": "prod"}) == [
+        'label: expected one of "training-equivalent", "benchmark-only", got "prod"'
+    ]
+    assert errors({"schema": "moetune.contract/2"}) == [
+        'schema: expected "moetune.contract/1", got "moetune.contract/2"'
+    ]
+
+
+def test_partial_contract_of_only_megatron_args_is_valid() -> None:
+    assert check_contract({"megatron_args": {"moe_token_dispatcher_type": "alltoall"}}) == []
+
+
+def test_megatron_args_moetune_reads_are_type_checked() -> None:
+    assert errors({"megatron_args": {"moe_grouped_gemm": "yes", "expert_model_parallel_size": "8x",
+                                     "fp8": None, "some_new_arg": {"x": 1}}}) == [
+        'megatron_args.expert_model_parallel_size: expected integer, got "8x"',
+        'megatron_args.moe_grouped_gemm: expected boolean, got "yes"',
+    ]
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({"routing": {"force_balancing": True}}, "routing.force_balancing"),
+        ({"megatron_args": {"moe_router_force_load_balancing": True}},
+         "megatron_args.moe_router_force_load_balancing"),
+        ({"data": {"synthetic": True}}, "data.synthetic"),
+        ({"megatron_args": {"mock_data": True}}, "megatron_args.mock_data"),
+        ({"training": {"optimizer_enabled": False}}, "training.optimizer_enabled"),
+    ],
+)
+def test_training_equivalent_label_is_validated(doc: dict, field: str) -> None:
+    bad = {"label": "training-equivalent", **doc}
+    errs = errors(bad)
+    assert len(errs) == 1
+    assert errs[0].startswith(f"label: training-equivalent, but {field} = ")
+    assert errors({**bad, "label": "benchmark-only"}) == []
+
+
+def test_label_ok_when_the_benchmark_fields_are_off() -> None:
+    doc = {"label": "training-equivalent", "routing": {"force_balancing": False},
+           "data": {"synthetic": False}, "megatron_args": {"mock_data": False}}
+    assert errors(doc) == []
+
+
+def test_strict_demands_the_complete_set_and_names_what_is_missing() -> None:
+    errs = errors({"megatron_args": {"bf16": True}}, strict=True)
+    assert "label: missing (required by --strict)" in errs
+    assert "parallelism: missing (required by --strict)" in errs
+    full = yaml.safe_load(QWEN.read_text())
+    del full["parallelism"]["ep"]
+    assert errors(full, strict=True) == ["parallelism.ep: missing (required by --strict)"]
+    assert errors(full) == []  # not strict: partial is fine
+
+
+def test_section_and_mirrored_argument_must_agree() -> None:
+    doc = {"parallelism": {"ep": 8}, "megatron_args": {"expert_model_parallel_size": 4}}
+    assert errors(doc) == ["parallelism.ep: 8 disagrees with megatron_args.expert_model_parallel_size = 4"]
+
+
+def test_effective_args_merge_sections_under_explicit_args() -> None:
+    doc = {"parallelism": {"ep": 8}, "cuda_graphs": {"impl": "local"}, "precision": {"params": "bf16"},
+           "megatron_args": {"cuda_graph_impl": "transformer_engine"}}
+    eff = effective_args(doc)
+    assert eff["expert_model_parallel_size"] == 8
+    assert eff["cuda_graph_impl"] == "transformer_engine"
+    assert eff["bf16"] is True
+
+
+def test_load_contract_gives_a_frozen_typed_view(tmp_path: Path) -> None:
+    c = load_contract(QWEN)
+    assert c.parallelism.ep == 16 and c.parallelism.tp == 1
+    assert c.label == "benchmark-only"
+    assert c.get("cuda_graphs.modules") == ("moe_router", "moe_preprocess")
+    assert c.claims()["moe_flex_dispatcher_backend"] == "hybridep"
+    with pytest.raises(TypeError):
+        c.raw["label"] = "x"  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        c.label = "x"  # type: ignore[misc]
+
+
+def test_load_contract_json_and_errors(tmp_path: Path) -> None:
+    good = tmp_path / "c.json"
+    good.write_text(json.dumps({"megatron_args": {"fp8": "e4m3"}}))
+    assert load_contract(good).claims()["fp8"] == "e4m3"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("parallelism: {ep: 8x}\n")
+    before = bad.read_text()
+    with pytest.raises(UserError, match=r'parallelism\.ep: expected integer, got "8x"'):
+        load_contract(bad)
+    assert bad.read_text() == before  # never modify a user's file
+    for text, msg in [("", "is empty"), ("- a\n- b\n", "expected a mapping"), ("a: [\n", "invalid YAML")]:
+        bad.write_text(text)
+        with pytest.raises(UserError, match=msg):
+            load_contract(bad)
+    with pytest.raises(UserError, match="no such file"):
+        load_contract(tmp_path / "missing.yaml")
+
+
+def test_deprecated_names_warn_and_claims_use_current_names() -> None:
+    doc = {"megatron_args": {"moe_enable_deepep": True, "cuda_graph_scope": ["attn"]}}
+    problems = check_contract(doc)
+    assert [(p.severity, str(p)) for p in problems] == [
+        ("warning", "megatron_args.cuda_graph_scope: deprecated name; read as cuda_graph_modules"),
+        ("warning", "megatron_args.moe_enable_deepep: deprecated switch; read as "
+                    "moe_token_dispatcher_type=flex, moe_flex_dispatcher_backend=deepep"),
+    ]
+    claims = contract_from_doc(doc).claims()
+    assert claims["moe_token_dispatcher_type"] == "flex" and claims["cuda_graph_modules"] == ["attn"]
+    assert "moe_enable_deepep" not in claims
+
+
+def test_check_does_not_mutate_its_input() -> None:
+    doc = yaml.safe_load(QWEN.read_text())
+    before = copy.deepcopy(doc)
+    check_contract(doc, strict=True)
+    assert doc == before
+
+
+def test_known_argument_list_covers_every_mirrored_argument() -> None:
+    known = set(contract_schema()["$defs"]["known_megatron_arg"]["enum"])
+    for sec in contract_schema()["properties"].values():
+        for spec in sec.get("properties", {}).values():
+            if "x-megatron-arg" in spec:
+                assert spec["x-megatron-arg"] in known
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def test_cli_check_ok_strict_and_errors(tmp_path: Path) -> None:
+    r = cli("contract", "check", "--strict", str(QWEN))
+    assert r.returncode == 0, r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("label: training-equivalent\nparallelism: {ep: '8x'}\ndata: {synthetic: true}\n")
+    r = cli("contract", "check", str(bad))
+    assert r.returncode == 1
+    assert 'error: parallelism.ep: expected integer, got "8x"' in r.stdout
+    assert "error: label: training-equivalent, but data.synthetic = true" in r.stdout
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_check_json_and_bad_input(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("megatron_args: {moe_frobnicate: 1}\n")
+    r = cli("contract", "check", "--json", str(p))
+    assert r.returncode == 0
+    out = json.loads(r.stdout)
+    assert out["valid"] is True and out["problems"][0]["severity"] == "warning"
+    p.write_text("a: [\n")
+    r = cli("contract", "check", str(p))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("moetune: ")
