@@ -7,6 +7,7 @@ A directory expands to the trace files inside it (one per rank).
 from __future__ import annotations
 
 import gzip
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def open_bytes(path: Path) -> bytes:
             with gzip.open(path, "rb") as fh:
                 return fh.read()
         return path.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         raise UserError(f"corrupt or truncated gzip ({exc})", path=path) from None
 
 

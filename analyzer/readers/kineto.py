@@ -1,0 +1,642 @@
+"""PyTorch profiler (Kineto) JSON → canonical frames (`analyzer.frames`).
+
+Speed matters (traces reach GBs): msgspec decodes straight into Structs that declare only the
+fields we use, so unknown keys (`metadata`, env blocks, `Input Dims`, …) are skipped without ever
+becoming Python objects, and columns are built with one list comprehension each. Only whitelisted
+top-level fields (`distributedInfo`, `deviceProperties`, `baseTimeNanoseconds`) are decoded at all:
+harness metadata may carry credentials (trace-formats.md §1.1).
+
+Robustness: a file whose fields have unexpected types (strings for numbers, lists for scalars,
+`null` events) is re-decoded generically and sanitized field by field; invalid UTF-8 is decoded
+with replacement characters; integers beyond int64 become null; malformed JSON or gzip is a
+`UserError` naming the file and the byte position.
+"""
+
+from __future__ import annotations
+
+import gzip
+import mmap
+import os
+import zlib
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import polars as pl
+
+from analyzer.frames import (
+    COMMS_SCHEMA,
+    EVENTS_SCHEMA,
+    FLOWS_SCHEMA,
+    KIND,
+    RANKS_SCHEMA,
+    Trace,
+    conform,
+)
+from moetune.errors import UserError
+
+# A JSON scalar as some writer may spell a number (old writers quote numbers; ROCm writes "0x0").
+Num = int | float | str | None
+# Split sizes and process-group ranks are strings in Kineto ("[0, 1]") but lists in some writers.
+StrOrList = str | list[Any] | None
+
+MAX_DUR_NS = 7 * 24 * 3600 * 10**9  # HTA drops CUPTI-overflow durations above 7 days; so do we
+
+KIND_OF_CAT: dict[str, str] = {
+    "cpu_op": "cpu_op",
+    "user_annotation": "annotation",
+    "gpu_user_annotation": "gpu_annotation",
+    "python_function": "python",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "Runtime": "runtime",
+    "kernel": "kernel",
+    "Kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "Memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "Memset": "memset",
+    "cuda_sync": "sync",
+}
+# Rows that live on a GPU stream: pid = device, tid = stream in the file.
+DEVICE_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "sync")
+SYNC_KIND_OF_NAME = {
+    "Stream Sync": "stream_sync",
+    "Event Sync": "event_sync",
+    "Context Sync": "context_sync",
+    "Stream Wait Event": "stream_wait_event",
+}
+COPY_KINDS_IN_NAME = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
+
+
+class _Args(
+    msgspec.Struct,
+    frozen=True,
+    gc=False,
+    rename={
+        "external_id": "External id",
+        "graph_id": "graph id",
+        "graph_node_id": "graph node id",
+        "collective": "Collective name",
+        "in_nelems": "In msg nelems",
+        "out_nelems": "Out msg nelems",
+        "group_size": "Group size",
+        "in_split": "In split size",
+        "out_split": "Out split size",
+        "pg_name": "Process Group Name",
+        "pg_desc": "Process Group Description",
+        "pg_ranks": "Process Group Ranks",
+        "seq": "Seq",
+    },
+):
+    external_id: Num = None
+    correlation: Num = None
+    device: Num = None
+    stream: Num = None
+    bytes: Num = None
+    graph_id: Num = None
+    graph_node_id: Num = None
+    wait_on_stream: Num = None
+    wait_on_cuda_event_record_corr_id: Num = None
+    collective: Num = None
+    in_nelems: Num = None
+    out_nelems: Num = None
+    group_size: Num = None
+    dtype: Num = None
+    in_split: StrOrList = None
+    out_split: StrOrList = None
+    pg_name: Num = None
+    pg_desc: Num = None
+    pg_ranks: StrOrList = None
+    seq: Num = None
+
+
+_NO_ARGS = _Args()
+_ARG_FIELDS = _Args.__struct_fields__
+_ARG_KEYS = {_Args.__struct_encode_fields__[i]: f for i, f in enumerate(_ARG_FIELDS)}
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: Num = None
+    cat: Num = None
+    name: Num = None
+    pid: Num = None
+    tid: Num = None
+    ts: Num = None
+    dur: Num = None
+    id: Num = None
+    args: _Args = _NO_ARGS
+
+
+_EVENT_FIELDS = tuple(f for f in _Event.__struct_fields__ if f != "args")
+
+
+class _Device(msgspec.Struct, gc=False):
+    id: Num = None
+    name: Num = None
+    numSms: Num = None
+    computeMajor: Num = None
+    computeMinor: Num = None
+
+
+class _Dist(msgspec.Struct, gc=False):
+    backend: Num = None
+    rank: Num = None
+    world_size: Num = None
+    nccl_version: Num = None
+
+
+class _Doc(msgspec.Struct, gc=False):
+    traceEvents: list[_Event] | None = None
+    deviceProperties: list[_Device] | None = None
+    distributedInfo: _Dist | None = None
+    baseTimeNanoseconds: Num = None
+
+
+_DOC_DECODER = msgspec.json.Decoder(_Doc)
+
+
+def read_kineto(path: Path, *, default_rank: int) -> Trace:
+    """Read one Kineto trace (`.json` or `.json.gz`) into canonical frames.
+
+    The rank is `distributedInfo.rank` when the file has one, else `default_rank`.
+    """
+    path = Path(path)
+    doc, warnings = _load(path)
+    if doc.traceEvents is None:
+        raise UserError("not a Kineto trace (no traceEvents list)", path=path)
+    rank = _i32(doc.distributedInfo.rank if doc.distributedInfo else None)
+    rank = default_rank if rank is None else rank
+    base_ns = _as_int(doc.baseTimeNanoseconds) or 0
+
+    raw, side = _columns(doc.traceEvents)
+    dist, devices = doc.distributedInfo, doc.deviceProperties or []
+    del doc  # drop the per-event objects before the frames are derived
+    raw = raw.with_columns(
+        _ns(pl.col("ts"), base_ns).alias("ts_ns"),
+        _ns(pl.col("dur"), 0).alias("dur_ns"),
+    ).drop("ts", "dur")
+
+    is_timed = pl.col("ph").is_in(["X", "i", "I", "C", "B", "E"])
+    absurd = (pl.col("dur_ns") > MAX_DUR_NS).fill_null(False)
+    no_ts, n_absurd = raw.select(
+        no_ts=(is_timed & pl.col("ts_ns").is_null()).sum(), absurd=(is_timed & absurd).sum()
+    ).row(0)
+    if no_ts:
+        warnings.append(f"{no_ts} event(s) without a usable timestamp dropped")
+    if n_absurd:
+        warnings.append(f"{n_absurd} event(s) with duration > 7 days dropped (CUPTI overflow)")
+    timed = raw.filter(is_timed & pl.col("ts_ns").is_not_null() & ~absurd)
+    timed = timed.join(side["gpu"], on="row", how="left")
+
+    # Lazy for the events frame: derivations and the final casts run as one query.
+    events = _events(timed.lazy(), rank)
+    flows = _flows(raw.join(side["flow"], on="row", how="inner"), rank)
+    comms = _comms(timed.join(side["meta"], on="row", how="inner"), events, rank)
+    ranks = _ranks(dist, devices, events, rank, path)
+    return Trace(events=events, comms=comms, flows=flows, ranks=ranks, warnings=tuple(warnings))
+
+
+# --------------------------------------------------------------------------- reading and decoding
+
+
+def _load(path: Path) -> tuple[_Doc, list[str]]:
+    """Decode the file; plain JSON is decoded straight from an mmap (no 1× copy of the file)."""
+    try:
+        with path.open("rb") as fh:
+            if fh.read(2) == b"\x1f\x8b":
+                fh.seek(0)
+                try:
+                    return _decode(gzip.decompress(fh.read()), path)
+                except (OSError, EOFError, zlib.error) as exc:
+                    raise UserError(f"corrupt or truncated gzip ({exc})", path=path) from None
+            if os.fstat(fh.fileno()).st_size == 0:
+                raise UserError("is empty", path=path)
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                return _decode(mm, path)
+    except FileNotFoundError:
+        raise UserError("no such file", path=path) from None
+    except IsADirectoryError:
+        raise UserError("is a directory where a file was expected", path=path) from None
+    except OSError as exc:
+        raise UserError(f"cannot read: {exc.strerror or exc}", path=path) from None
+
+
+def _decode(data: bytes | mmap.mmap, path: Path) -> tuple[_Doc, list[str]]:
+    warnings: list[str] = []
+    try:
+        return _DOC_DECODER.decode(data), warnings
+    except msgspec.ValidationError:
+        pass  # valid JSON, unexpected types somewhere: sanitize generically below
+    except msgspec.DecodeError as exc:
+        if not bytes(data[:4096]).strip() and not bytes(data).strip():
+            raise UserError("is empty", path=path) from None
+        if "UTF-8" not in str(exc):
+            raise UserError(f"is not valid JSON ({exc})", path=path) from None
+        data = bytes(data).decode("utf-8", errors="replace").encode("utf-8")
+        warnings.append("invalid UTF-8 replaced by U+FFFD")
+        try:
+            return _DOC_DECODER.decode(data), warnings
+        except msgspec.ValidationError:
+            pass
+        except msgspec.DecodeError as exc2:
+            raise UserError(f"is not valid JSON ({exc2})", path=path) from None
+    try:
+        obj = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:  # pragma: no cover - typed decode accepted the syntax
+        raise UserError(f"is not valid JSON ({exc})", path=path) from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
+        raise UserError("not a Kineto trace (no traceEvents list)", path=path)
+    warnings.append("fields with unexpected types ignored (lenient decode)")
+    return _sanitize(obj), warnings
+
+
+def _scalar(v: Any) -> Num:
+    return v if isinstance(v, int | float | str) and not isinstance(v, bool) else None
+
+
+def _str_or_list(v: Any) -> StrOrList:
+    return v if isinstance(v, str | list) else None
+
+
+def _sanitize(obj: dict[str, Any]) -> _Doc:
+    """Whitelisted fields only, each coerced to the type the typed decoder expects."""
+    events = []
+    for e in obj["traceEvents"]:
+        if not isinstance(e, dict):
+            continue
+        a = e.get("args")
+        args = None
+        if isinstance(a, dict):
+            kw = {}
+            for key, field in _ARG_KEYS.items():
+                if key in a:
+                    conv = (
+                        _str_or_list if field in ("in_split", "out_split", "pg_ranks") else _scalar
+                    )
+                    kw[field] = conv(a[key])
+            args = _Args(**kw)
+        events.append(
+            _Event(**{f: _scalar(e.get(f)) for f in _EVENT_FIELDS}, args=args or _NO_ARGS)
+        )
+    devs = obj.get("deviceProperties")
+    devices = [
+        _Device(**{f: _scalar(d.get(f)) for f in _Device.__struct_fields__})
+        for d in (devs if isinstance(devs, list) else [])
+        if isinstance(d, dict)
+    ]
+    di = obj.get("distributedInfo")
+    dist = (
+        _Dist(**{f: _scalar(di.get(f)) for f in _Dist.__struct_fields__})
+        if isinstance(di, dict)
+        else None
+    )
+    return _Doc(
+        traceEvents=events,
+        deviceProperties=devices,
+        distributedInfo=dist,
+        baseTimeNanoseconds=_scalar(obj.get("baseTimeNanoseconds")),
+    )
+
+
+def _as_int(v: Num) -> int | None:
+    try:
+        return int(float(v)) if isinstance(v, str) else (int(v) if v is not None else None)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+# --------------------------------------------------------------------------- columns
+
+
+def _num_series(name: str, values: list[Any], dtype: pl.DataType) -> pl.Series:
+    """Typed column; strings that are numbers are parsed, anything else (or beyond int64) → null."""
+    try:
+        return pl.Series(name, values, dtype=dtype, strict=False)
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+        pass
+    # Mixed ints/floats/strings, or ints beyond 64 bits: normalise in Python (rare files only).
+    out: list[float | None] = []
+    for v in values:
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                v = None
+        elif isinstance(v, int) and not -(2**63) <= v < 2**63:
+            v = None
+        out.append(v)
+    return pl.Series(name, out, dtype=pl.Float64, strict=False).cast(dtype, strict=False)
+
+
+def _str_series(name: str, values: list[Any]) -> pl.Series:
+    try:
+        return pl.Series(name, values, dtype=pl.String)
+    except (TypeError, pl.exceptions.PolarsError):
+        return pl.Series(name, [None if v is None else str(v) for v in values], dtype=pl.String)
+
+
+GPU_CATS = (
+    "kernel",
+    "Kernel",
+    "gpu_memcpy",
+    "Memcpy",
+    "gpu_memset",
+    "Memset",
+    "cuda_sync",
+    "gpu_user_annotation",
+)
+GPU_ARG_FIELDS = (
+    "device",
+    "stream",
+    "bytes",
+    "graph_id",
+    "graph_node_id",
+    "wait_on_stream",
+    "wait_on_cuda_event_record_corr_id",
+)
+
+
+def _columns(evs: list[_Event]) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
+    """One column per field we use, straight from the Structs.
+
+    Full passes only for fields every event needs; fields of a few categories (GPU args, flow ids,
+    collective metadata) are read for those rows alone, found by a vectorized filter.
+    """
+    df = pl.DataFrame(
+        [
+            _str_series("ph", [e.ph for e in evs]),
+            _str_series("cat", [e.cat for e in evs]),
+            _str_series("name", [e.name for e in evs]),
+            _id_series("pid", [p if (p := e.pid).__class__ is int else None for e in evs], evs),
+            _id_series("tid", [t if (t := e.tid).__class__ is int else None for e in evs], evs),
+            _num_series("ts", [e.ts for e in evs], pl.Float64),
+            _num_series("dur", [e.dur for e in evs], pl.Float64),
+            _num_series("external_id", [e.args.external_id for e in evs], pl.Int64),
+            _num_series("correlation", [e.args.correlation for e in evs], pl.Int64),
+        ]
+    )
+    rows = df.select(
+        flow=pl.col("ph").is_in(["s", "f", "t"]),
+        gpu=pl.col("cat").is_in(GPU_CATS),
+        comm=pl.col("cat").is_in(["kernel", "Kernel"]) | (pl.col("name") == "record_param_comms"),
+    )
+    # Fields of a few categories go to small side frames keyed by row, joined where needed
+    # (cheaper than full-length null columns). Index with plain lists: iterating a polars
+    # Series from Python is per-element slow.
+    df = df.with_row_index("row")
+    idx = rows.get_column("flow").arg_true().to_list()
+    flow = pl.DataFrame(
+        [
+            pl.Series("row", idx, dtype=pl.UInt32),
+            _num_series("id", [evs[i].id for i in idx], pl.Int64),
+        ]
+    )
+    idx = rows.get_column("gpu").arg_true().to_list()
+    sub = [evs[i].args for i in idx]
+    gpu = pl.DataFrame(
+        [
+            pl.Series("row", idx, dtype=pl.UInt32),
+            *(_num_series(f, list(map(attrgetter(f), sub)), pl.Int64) for f in GPU_ARG_FIELDS),
+        ]
+    )
+
+    # Collective metadata: a small side frame keyed by row, joined only by the comms builder.
+    idx = rows.get_column("comm").arg_true().to_list()
+    sub = [evs[i].args for i in idx]
+    keep = [j for j, a in enumerate(sub) if a.collective is not None]
+    sub = [sub[j] for j in keep]
+    meta = pl.DataFrame(
+        [
+            pl.Series("row", [idx[j] for j in keep], dtype=pl.UInt32),
+            _str_series("collective", [a.collective for a in sub]),
+            *(
+                _num_series(f, list(map(attrgetter(f), sub)), pl.Int64)
+                for f in ("in_nelems", "out_nelems", "group_size", "seq")
+            ),
+            *(
+                _str_series(f, list(map(attrgetter(f), sub)))
+                for f in ("dtype", "pg_name", "pg_desc")
+            ),
+            *(
+                _str_series(f, [_split_str(getattr(a, f)) for a in sub])
+                for f in ("in_split", "out_split", "pg_ranks")
+            ),
+        ]
+    )
+    return df, {"flow": flow, "gpu": gpu, "meta": meta}
+
+
+def _split_str(v: StrOrList) -> str | None:
+    return str(v) if isinstance(v, list) else v
+
+
+def _id_series(name: str, ints: list[int | None], evs: list[_Event]) -> pl.Series:
+    """pid/tid: ints (pre-filtered, so polars takes its fast path), except strings for the
+    "Spans"/"Traces" rows and "stream 7"-style tids in old files, parsed here for those rows."""
+    s = pl.Series(name, ints, dtype=pl.Int64, strict=False)
+    if s.null_count():
+        idx = s.is_null().arg_true()
+        raw = [getattr(evs[i], name) for i in idx.to_list()]
+        parsed = _str_series(name, raw).str.extract(r"(-?\d+)\s*$").cast(pl.Int64, strict=False)
+        s = s.scatter(idx, parsed)
+    return s
+
+
+def _ns(us: pl.Expr, base_ns: int) -> pl.Expr:
+    """µs (int epoch or float with ns decimals) → Int64 ns without float64 rounding at 1e18."""
+    whole = us.floor()
+    return (
+        whole.cast(pl.Int64, strict=False) * 1000
+        + ((us - whole) * 1000).round().cast(pl.Int64, strict=False)
+        + base_ns
+    )
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def _events(timed: pl.LazyFrame, rank: int) -> pl.DataFrame:
+    kind = (
+        pl.when(pl.col("ph").is_in(["i", "I"]))
+        .then(pl.lit("instant", dtype=KIND))
+        .otherwise(pl.col("cat").replace_strict(KIND_OF_CAT, default="other", return_dtype=KIND))
+    )
+    df = timed.with_columns(kind.alias("kind"))
+    on_gpu = pl.col("kind").is_in(DEVICE_KINDS)
+    # "Memcpy DtoH (Device -> Pageable)": the direction is chars 7-10 (a slice, not a regex
+    # over every row: when/then evaluates both branches on the whole column).
+    copy = pl.col("name").str.slice(7, 4)
+    df = df.with_columns(
+        pl.lit(rank, dtype=pl.Int32).alias("rank"),
+        pl.col("dur_ns").clip(lower_bound=0).fill_null(0),
+        pl.when(on_gpu).then(pl.col("device").fill_null(pl.col("pid"))).alias("device"),
+        pl.when(on_gpu).then(pl.col("stream").fill_null(pl.col("tid"))).alias("stream"),
+        pl.when(pl.col("kind").is_in(["memcpy", "memset"])).then(pl.col("bytes")).alias("bytes"),
+        pl.when(pl.col("kind") == "memcpy")
+        .then(pl.when(copy.is_in(COPY_KINDS_IN_NAME)).then(copy).otherwise(pl.lit("other")))
+        .alias("copy_kind"),
+        pl.when(pl.col("kind") == "sync")
+        .then(
+            pl.col("name").replace_strict(
+                SYNC_KIND_OF_NAME, default="other", return_dtype=pl.String
+            )
+        )
+        .alias("sync_kind"),
+        pl.col("wait_on_stream").alias("wait_stream"),
+        pl.col("wait_on_cuda_event_record_corr_id").alias("wait_correlation"),
+    )
+    return df.select(pl.col(c).cast(t) for c, t in EVENTS_SCHEMA.items()).collect()
+
+
+def _flows(raw: pl.DataFrame, rank: int) -> pl.DataFrame:
+    df = raw.filter(pl.col("ph").is_in(["s", "f", "t"]) & pl.col("ts_ns").is_not_null())
+    df = df.with_columns(
+        pl.lit(rank, dtype=pl.Int32).alias("rank"),
+        pl.col("id").alias("flow_id"),
+        pl.col("ph").alias("phase"),
+    )
+    return conform(df, FLOWS_SCHEMA)
+
+
+COMM_ANNOTATION = r"^(?:nccl|gloo|ucc|mpi|xccl|hccl):(.+)$"
+
+
+def _comms(meta: pl.DataFrame, events: pl.DataFrame, rank: int) -> pl.DataFrame:
+    """One row per collective call.
+
+    1. `record_param_comms` cpu_ops with metadata (correlation taken from the NCCL kernel the
+       writer copied the same metadata onto, joined by External id);
+    2. NCCL kernels with metadata whose host call is not in the file;
+    3. where a call has no metadata at all (old traces), its `nccl:<coll>` / `gloo:<coll>`
+       annotation, collective = the suffix, other fields null (trace-formats.md §1.4).
+    """
+    cols = [
+        "ts_ns",
+        "dur_ns",
+        "pid",
+        "tid",
+        "external_id",
+        "correlation",
+        "collective",
+        "in_nelems",
+        "out_nelems",
+        "group_size",
+        "dtype",
+        "in_split",
+        "out_split",
+        "pg_name",
+        "pg_desc",
+        "pg_ranks",
+        "seq",
+    ]
+    host = meta.filter(pl.col("cat") == "cpu_op").select(cols)
+    gpu = meta.filter(pl.col("cat").is_in(["kernel", "Kernel"])).select(cols)
+    kern_corr = (
+        gpu.filter(pl.col("external_id").is_not_null())
+        .group_by("external_id")
+        .agg(pl.col("correlation").min().alias("_corr"))
+    )
+    host = (
+        host.join(kern_corr, on="external_id", how="left")
+        .with_columns(pl.col("correlation").fill_null(pl.col("_corr")))
+        .drop("_corr")
+    )
+    gpu_only = gpu.join(host.select("external_id").drop_nulls(), on="external_id", how="anti")
+
+    ann = (
+        events.filter(pl.col("kind") == "annotation")
+        .with_columns(pl.col("name").str.extract(COMM_ANNOTATION).alias("collective"))
+        .filter(pl.col("collective").is_not_null())
+        .select("ts_ns", "dur_ns", "pid", "tid", "external_id", "collective")
+    )
+    if ann.height and host.height:
+        ann = ann.filter(~_overlaps_any(ann, host))
+    out = pl.concat(
+        [
+            host.drop("pid", "tid"),
+            gpu_only.drop("pid", "tid"),
+            _conform_partial(ann.drop("pid", "tid"), host.drop("pid", "tid")),
+        ],
+        how="vertical_relaxed",
+    )
+    out = out.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank")).sort("ts_ns")
+    return conform(out, COMMS_SCHEMA)
+
+
+def _conform_partial(df: pl.DataFrame, like: pl.DataFrame) -> pl.DataFrame:
+    return df.select(
+        pl.col(c).cast(t) if c in df.columns else pl.lit(None, dtype=t).alias(c)
+        for c, t in like.schema.items()
+    )
+
+
+def _overlaps_any(ann: pl.DataFrame, host: pl.DataFrame) -> pl.Series:
+    """For each annotation: does a metadata-carrying host call on the same thread overlap it?"""
+    h = host.select("pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("_end")).sort(
+        "ts_ns"
+    )
+    a = ann.with_row_index("_i").with_columns((pl.col("ts_ns") + pl.col("dur_ns")).alias("_aend"))
+    a = a.with_columns(pl.col("pid").fill_null(-1), pl.col("tid").fill_null(-1)).sort("ts_ns")
+    h = h.with_columns(pl.col("pid").fill_null(-1), pl.col("tid").fill_null(-1))
+    back = a.join_asof(
+        h.rename({"ts_ns": "_hts"}),
+        left_on="ts_ns",
+        right_on="_hts",
+        by=["pid", "tid"],
+        strategy="backward",
+        check_sortedness=False,
+    )
+    fwd = a.join_asof(
+        h.rename({"ts_ns": "_hts"}),
+        left_on="ts_ns",
+        right_on="_hts",
+        by=["pid", "tid"],
+        strategy="forward",
+        check_sortedness=False,
+    )
+    hit_b = back.select("_i", (pl.col("_end") > pl.col("ts_ns")).fill_null(False).alias("b"))
+    hit_f = fwd.select("_i", (pl.col("_hts") < pl.col("_aend")).fill_null(False).alias("f"))
+    hits = hit_b.join(hit_f, on="_i").sort("_i")
+    return hits.get_column("b") | hits.get_column("f")
+
+
+def _ranks(
+    dist: _Dist | None, devices: list[_Device], events: pl.DataFrame, rank: int, path: Path
+) -> pl.DataFrame:
+    used = (
+        events.filter(pl.col("kind").is_in(["kernel", "memcpy", "memset"]))
+        .get_column("device")
+        .drop_nulls()
+        .mode()
+    )
+    dev_id = used.sort().item(0) if used.len() else None
+    dev = next((d for d in devices if _as_int(d.id) == dev_id), devices[0] if devices else None)
+    cc = None
+    if dev is not None and dev.computeMajor is not None:
+        cc = f"{_as_int(dev.computeMajor)}.{_as_int(dev.computeMinor) or 0}"
+    row = {
+        "rank": rank,
+        "world_size": _i32(dist.world_size) if dist else None,
+        "source": str(path),
+        "format": "kineto",
+        "backend": _str_or_none(dist.backend) if dist else None,
+        "device_name": _str_or_none(dev.name) if dev else None,
+        "num_sms": _i32(dev.numSms) if dev else None,
+        "compute_capability": cc,
+        "nccl_version": _str_or_none(dist.nccl_version) if dist else None,
+        "clock_offset_ns": 0,
+        "graph_trace_mode": "node",  # Kineto lists every graph-replayed kernel
+    }
+    return pl.DataFrame([row], schema=RANKS_SCHEMA)
+
+
+def _i32(v: Num) -> int | None:
+    """An Int32 frame field; absurd values (a corrupt header) read as unknown."""
+    i = _as_int(v)
+    return i if i is not None and -(2**31) <= i < 2**31 else None
+
+
+def _str_or_none(v: Num) -> str | None:
+    return None if v is None else str(v)
