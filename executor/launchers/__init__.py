@@ -1,0 +1,31 @@
+"""Launchers behind one interface (see base.py): local, torchrun, slurm, nemo_run."""
+
+from __future__ import annotations
+
+from executor.launchers.base import SAFE_ENV, Launcher, RunResult, RunSpec, run_env
+from moetune.errors import UserError
+
+NAMES = ("local", "torchrun", "slurm", "nemo_run")
+
+
+def get_launcher(name: str, **options) -> Launcher:
+    if name == "local":
+        from executor.launchers.local import LocalLauncher
+
+        return LocalLauncher()
+    if name == "torchrun":
+        from executor.launchers.torchrun import TorchrunLauncher
+
+        return TorchrunLauncher()
+    if name == "slurm":
+        from executor.launchers.slurm import SlurmLauncher
+
+        return SlurmLauncher(**options)
+    if name == "nemo_run":
+        from executor.launchers.nemo_run import NemoRunLauncher
+
+        return NemoRunLauncher()
+    raise UserError(f"unknown launcher {name!r} (one of {', '.join(NAMES)})")
+
+
+__all__ = ["NAMES", "SAFE_ENV", "Launcher", "RunResult", "RunSpec", "get_launcher", "run_env"]

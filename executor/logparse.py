@@ -1,0 +1,310 @@
+"""Megatron-LM / Megatron-Bridge training output → polars frames (megatron-log-formats.md).
+
+Reads what real runs print: iteration lines (any subset and order of fields, Megatron and Bridge
+timestamps), memory lines (new `.2f`, old unformatted float, Bridge GB form), validation lines and
+the arguments dump (parsed by `analyzer.megatron_args`). Tolerates launcher prefixes
+(`[default7]: `, `[host:3]: `, `3: `), interleaved ranks, lines cut short and terminal hard
+wraps: a record that does not end with its last field is continued on the next unprefixed line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from moetune.errors import UserError
+
+ITERATIONS_SCHEMA = pl.Schema({
+    "rank": pl.Int32,              # from the launcher prefix; null when there is none
+    "iteration": pl.Int64,
+    "train_iters": pl.Int64,
+    "timestamp": pl.String,
+    "consumed_samples": pl.Int64,
+    "elapsed_ms": pl.Float64,      # mean per iteration over the logging interval
+    "tflops_per_gpu": pl.Float64,
+    "learning_rate": pl.Float64,
+    "global_batch_size": pl.Int64,
+    "lm_loss": pl.Float64,
+    "load_balancing_loss": pl.Float64,
+    "loss_scale": pl.Float64,
+    "grad_norm": pl.Float64,
+    "skipped_iterations": pl.Int64,
+    "nan_iterations": pl.Int64,
+    "complete": pl.Boolean,        # the line reached `number of nan iterations`
+    "other": pl.String,            # remaining `key: value` fields, `k=v;…`
+})
+
+MEMORY_SCHEMA = pl.Schema({
+    "rank": pl.Int32,              # the `[Rank N]` number
+    "iteration": pl.Int64,
+    "unit": pl.String,             # as printed: MB (Megatron-LM) or GB (Megatron-Bridge)
+    "allocated_mb": pl.Float64,
+    "max_allocated_mb": pl.Float64,
+    "reserved_mb": pl.Float64,
+    "max_reserved_mb": pl.Float64,
+})
+
+VALIDATION_SCHEMA = pl.Schema({
+    "where": pl.String,            # e.g. `iteration 100`
+    "split": pl.String,            # validation | validation on validation set | … on test set
+    "key": pl.String,
+    "value": pl.Float64,
+    "ppl": pl.Float64,
+})
+
+_PREFIX = re.compile(r"^(?:\[(?P<tag>[\w.@/-]+?)(?::(?P<r1>\d+))?\]: ?|(?P<r2>\d+): )")
+_ITER = re.compile(r"iteration\s+(?P<i>\d+)\s*/\s*(?P<n>\d+)\s*\|")
+_TS = re.compile(r"^\s*\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]")
+_MEM = re.compile(
+    r"\[Rank (?P<rank>\d+)\] \(after (?P<it>\d+) iterations\) memory \((?P<unit>MB|GB)\)\s*\|(?P<rest>.*)"
+)
+_VAL = re.compile(r"validation(?P<split>[^|]*?) loss at (?P<where>[^|]*?) \|(?P<rest>.*)")
+_KV = re.compile(r"\s*(?P<k>[^|:]+?):\s*(?P<v>[^|]*?)\s*(?:\||$)")
+_RECORD_END = "number of nan iterations"
+_NUM = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$|^[+-]?(?:nan|inf)$", re.I)
+
+_ITER_FIELDS = {
+    "consumed samples": ("consumed_samples", int),
+    "elapsed time per iteration (ms)": ("elapsed_ms", float),
+    "throughput per GPU (TFLOP/s/GPU)": ("tflops_per_gpu", float),
+    "learning rate": ("learning_rate", float),
+    "global batch size": ("global_batch_size", int),
+    "lm loss": ("lm_loss", float),
+    "load_balancing_loss": ("load_balancing_loss", float),
+    "loss scale": ("loss_scale", float),
+    "grad norm": ("grad_norm", float),
+    "number of skipped iterations": ("skipped_iterations", int),
+    "number of nan iterations": ("nan_iterations", int),
+}
+_MEM_FIELDS = {  # Megatron-LM (MB) and Megatron-Bridge (GB, `bytes`→`gigabytes` key names)
+    "allocated": "allocated_mb",
+    "max allocated": "max_allocated_mb",
+    "reserved": "reserved_mb",
+    "max reserved": "max_reserved_mb",
+    "mem-allocated-gigabytes": "allocated_mb",
+    "mem-max-allocated-gigabytes": "max_allocated_mb",
+    "mem-reserved-gigabytes": "reserved_mb",
+    "mem-max-reserved-gigabytes": "max_reserved_mb",
+}
+
+# Failure signatures, first match wins (most specific first).
+FAILURES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
+                       r"out of memory", re.I)),
+    ("usage", re.compile(r"(?ms)^\S*\s?usage: .*?^\S*\s?[\w.-]+: error: ")),
+    ("killed", re.compile(r"DUE TO TIME LIMIT|CANCELLED AT|Signals\.SIGKILL|Signals\.SIGTERM|"
+                          r"timed out after")),
+    ("nccl", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|"
+                        r"Watchdog caught collective operation timeout")),
+    ("crash", re.compile(r"Traceback \(most recent call last\)|Segmentation fault|"
+                         r"core dumped|ChildFailedError|Fatal Python error")),
+)
+# Lines that are never the tail of a hard-wrapped Megatron record.
+_FOREIGN = re.compile(r"^(?:slurmstepd|srun|sbatch|Traceback|[EWIF]\d{4} |\s*File \"|"
+                      r"[\w.]+(?:Error|Exception)\b|\S+\.py:\d+)")
+COMPLETION = re.compile(r"\[after training is done\]|after training is done")
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedLog:
+    iterations: pl.DataFrame
+    memory: pl.DataFrame
+    validation: pl.DataFrame
+    args: dict[str, Any] = field(default_factory=dict)
+    completed: bool = False        # Megatron's completion marker was printed
+    failure: str | None = None     # oom | usage | nccl | crash (from FAILURES), else None
+    failure_line: str | None = None
+    implementation: str | None = None  # moe_gpt's `implementation =` line
+
+
+def split_prefix(line: str) -> tuple[str, int | None, str]:
+    """(prefix key, rank from the prefix or None, rest of the line)."""
+    m = _PREFIX.match(line)
+    if not m:
+        return "", None, line
+    tag, r1, r2 = m.group("tag"), m.group("r1"), m.group("r2")
+    rank: int | None = None
+    if r1 is not None:
+        rank = int(r1)
+    elif r2 is not None:
+        rank = int(r2)
+    elif tag:
+        digits = re.search(r"(\d+)$", tag)
+        rank = int(digits.group(1)) if digits else None
+    return m.group(0), rank, line[m.end():]
+
+
+def _num(text: str, kind: type) -> Any:
+    t = text.strip()
+    if not _NUM.match(t):
+        return None
+    try:
+        return int(float(t)) if kind is int else float(t)
+    except ValueError:
+        return None
+
+
+def _iteration_record(text: str, rank: int | None) -> dict[str, Any] | None:
+    m = _ITER.search(text)
+    if not m:
+        return None
+    row: dict[str, Any] = {"rank": rank, "iteration": int(m.group("i")),
+                           "train_iters": int(m.group("n"))}
+    ts = _TS.match(text)
+    row["timestamp"] = ts.group("ts") if ts else None
+    other = []
+    for kv in _KV.finditer(text[m.end():]):
+        key, val = kv.group("k").strip(), kv.group("v")
+        if key in _ITER_FIELDS:
+            col, kind = _ITER_FIELDS[key]
+            row[col] = _num(val, kind)
+        elif key:
+            other.append(f"{key}={val.strip()}")
+    row["complete"] = _RECORD_END in text and text.rstrip().endswith("|")
+    row["other"] = ";".join(other) or None
+    return row
+
+
+def _memory_record(m: re.Match[str]) -> dict[str, Any]:
+    scale = 1024.0 if m.group("unit") == "GB" else 1.0
+    row: dict[str, Any] = {"rank": int(m.group("rank")), "iteration": int(m.group("it")),
+                           "unit": m.group("unit")}
+    for kv in _KV.finditer(m.group("rest")):
+        col = _MEM_FIELDS.get(kv.group("k").strip())
+        val = _num(kv.group("v"), float)
+        if col and val is not None:
+            row[col] = val * scale
+    return row
+
+
+def _validation_rows(m: re.Match[str]) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for kv in _KV.finditer(m.group("rest")):
+        key = kv.group("k").strip()
+        for suffix, col in ((" value", "value"), (" PPL", "ppl")):
+            if key.endswith(suffix):
+                name = key[: -len(suffix)]
+                rows.setdefault(name, {"where": m.group("where").strip(),
+                                       "split": ("validation" + m.group("split")).strip(),
+                                       "key": name})[col] = _num(kv.group("v"), float)
+    return list(rows.values())
+
+
+def _starts_record(rest: str) -> bool:
+    s = rest.lstrip()
+    return bool(_FOREIGN.match(rest) or _TS.match(rest) or _ITER.search(rest) or s.startswith(("[Rank ", "[after", "-"))
+                or _MEM.search(rest) or _VAL.search(rest))
+
+
+def parse_text(text: str) -> ParsedLog:
+    """Parse the whole output of one run (all ranks' lines, in any interleaving)."""
+    iters: list[dict[str, Any]] = []
+    mems: list[dict[str, Any]] = []
+    vals: list[dict[str, Any]] = []
+    open_rec: dict[str, tuple[int | None, str]] = {}  # prefix → (rank, text) of a cut record
+    last_prefix: str | None = None
+    impl = None
+
+    def flush(key: str) -> None:
+        rank, buf = open_rec.pop(key)
+        rec = _iteration_record(buf, rank)
+        if rec:
+            iters.append(rec)
+
+    for raw in text.splitlines():
+        line = raw.rstrip("\r\n")
+        prefix, rank, rest = split_prefix(line)
+        if not prefix and last_prefix is not None and last_prefix in open_rec \
+                and not _starts_record(rest) and rest.strip():
+            # unprefixed continuation of a hard-wrapped record (terminal wrap inserts nothing)
+            r, buf = open_rec[last_prefix]
+            open_rec[last_prefix] = (r, buf + rest)
+            if _RECORD_END in buf + rest:
+                flush(last_prefix)
+            continue
+        if prefix in open_rec and rest.strip():
+            r, buf = open_rec[prefix]
+            if not _starts_record(rest):  # same stream, wrapped: continue it
+                open_rec[prefix] = (r, buf + rest)
+                if _RECORD_END in buf + rest:
+                    flush(prefix)
+                continue
+            flush(prefix)
+        if "moetune workload: implementation =" in rest:
+            impl = rest.split("=", 1)[1].strip()
+        if _ITER.search(rest):
+            if _RECORD_END in rest and rest.rstrip().endswith("|"):
+                rec = _iteration_record(rest, rank)
+                if rec:
+                    iters.append(rec)
+            else:
+                open_rec[prefix] = (rank, rest)
+                last_prefix = prefix
+            continue
+        mm = _MEM.search(rest)
+        if mm:
+            mems.append(_memory_record(mm))
+            continue
+        vm = _VAL.search(rest)
+        if vm:
+            vals.extend(_validation_rows(vm))
+    for key in list(open_rec):
+        flush(key)
+
+    failure, failure_line = classify_failure(text)
+    try:
+        from analyzer.megatron_args import parse_args_dump
+
+        args = parse_args_dump(text)
+    except ImportError:  # the colleague's parser not installed: frames still useful
+        args = {}
+    return ParsedLog(
+        iterations=_frame(iters, ITERATIONS_SCHEMA).sort("iteration", "rank", nulls_last=True),
+        memory=_frame(mems, MEMORY_SCHEMA),
+        validation=_frame(vals, VALIDATION_SCHEMA),
+        args=args,
+        completed=bool(COMPLETION.search(text)),
+        failure=failure,
+        failure_line=failure_line,
+        implementation=impl,
+    )
+
+
+def classify_failure(text: str) -> tuple[str | None, str | None]:
+    """First failure signature found in the text, with the line that matched."""
+    for cause, pat in FAILURES:
+        m = pat.search(text)
+        if m:
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            return cause, text[start: end if end >= 0 else len(text)].strip()[:300]
+    return None, None
+
+
+def parse_file(path: str | Path) -> ParsedLog:
+    p = Path(path)
+    try:
+        text = p.read_text(errors="replace")
+    except OSError as exc:
+        raise UserError(f"cannot read log: {exc.strerror or exc}", path=p) from None
+    return parse_text(text)
+
+
+def _frame(rows: list[dict[str, Any]], schema: pl.Schema) -> pl.DataFrame:
+    if not rows:
+        return pl.DataFrame(schema=schema)
+    return pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row")
+
+
+def steady(iterations: pl.DataFrame, *, first: int, last: int | None = None) -> pl.DataFrame:
+    """Iteration lines inside a declared steady window [first, last] (one row per iteration:
+    the last-rank line, which is the one Megatron prints)."""
+    df = iterations.filter(pl.col("iteration") >= first)
+    if last is not None:
+        df = df.filter(pl.col("iteration") <= last)
+    return df.sort("iteration", "rank", nulls_last=True).unique("iteration", keep="last",
+                                                                 maintain_order=True)

@@ -1,0 +1,419 @@
+"""`moetune tune`: profile → diagnose → recommend → screen → confirm → accept/reject, resumable.
+
+Every run is keyed by its position in a deterministic plan (`r<round>:<role>:<label>:<repeat>`)
+inside a session whose id hashes the starting command, contract and options. Re-running the
+same `tune` after an interruption replays the plan: a run finished in the ledger is read back,
+never redone; a run left `running` was interrupted and is redone (its old row is kept, marked
+`interrupted`). Accepting a candidate makes it the baseline of the next round.
+
+Harness flags are set identically on every run of a comparison (they are not the change):
+`--train-iters`, `--log-interval 1`, and on profile runs the profiler flags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from executor.candidate import Change, Knob, Launch, apply, diff, parse_change
+from executor.launchers import RunSpec, get_launcher
+from executor.ledger import Ledger
+from executor.logparse import parse_file
+from executor.validate import Policy, Window, audit_change, decide, run_metrics, screen_stats
+from moetune.errors import UserError
+
+TRAIN_ITERS = Knob("train_iters", type="int", flag="--train-iters")
+LOG_INTERVAL = Knob("log_interval", type="int", flag="--log-interval")
+TAIL_CHARS = 4000
+
+# How to ask for a torch-profiler trace, by what the command runs ({dir}, {start}, {end}).
+PROFILE_ARGS = {
+    "moe_gpt": "--profile --profile-step-start {start} --profile-step-end {end} "
+               "--profile-dir {dir} --nvtx-ranges",
+    "megatron": "--profile --use-pytorch-profiler --profile-step-start {start} "
+                "--profile-step-end {end} --tensorboard-dir {dir}",
+}
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    workdir: Path
+    ledger: Path
+    budget: int = 4                       # candidates screened, at most
+    policy: Policy = field(default_factory=Policy)
+    launcher: str = "local"
+    nproc_per_node: int = 1
+    nodes: int = 1
+    tries: tuple[str, ...] = ()           # user candidates, `knob=value`
+    use_rules: bool = True
+    profile: bool = True
+    profile_args: str | None = None       # template; None: chosen from the command
+    slurm_options: Mapping[str, str] = field(default_factory=dict)
+
+
+def log(msg: str) -> None:
+    print(f"moetune tune: {msg}", file=sys.stderr, flush=True)
+
+
+def session_id(argv: Sequence[str], env: Mapping[str, str], contract: Any,
+               opts: TuneOptions, kind: str = "tune") -> str:
+    key = {"argv": list(argv), "env": dict(env), "contract": contract, "kind": kind,
+           "budget": opts.budget, "tries": list(opts.tries), "rules": opts.use_rules,
+           "policy": {k: str(v) for k, v in asdict(opts.policy).items()}}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+    return f"{kind}-{digest[:12]}"
+
+
+def _harness(launch: Launch, iters: int) -> Launch:
+    launch = apply(launch, Change(TRAIN_ITERS, iters))
+    return apply(launch, Change(LOG_INTERVAL, 1))
+
+
+def _profile_template(argv: Sequence[str], opts: TuneOptions) -> str | None:
+    if opts.profile_args is not None:
+        return opts.profile_args or None
+    text = " ".join(argv)
+    if "executor.workloads.moe_gpt" in text or "moe_gpt.py" in text:
+        return PROFILE_ARGS["moe_gpt"]
+    if "pretrain_gpt" in text or "pretrain_mamba" in text:
+        return PROFILE_ARGS["megatron"]
+    return None
+
+
+class Runner:
+    """Runs (or reads back from the ledger) one keyed run of the session."""
+
+    def __init__(self, ledger: Ledger, session: str, opts: TuneOptions, base0: Launch) -> None:
+        self.ledger, self.session, self.opts, self.base0 = ledger, session, opts, base0
+        self.launcher = get_launcher(opts.launcher)
+        self.reused = 0
+        self.executed = 0
+
+    def run(self, key: str, *, role: str, label: str, launch: Launch, iters: int,
+            window: Window) -> dict[str, Any]:
+        done = self.ledger.finished_run(self.session, key)
+        if done is not None:
+            self.reused += 1
+            return done
+        safe = key.replace(":", "_").replace("/", "_").replace("=", "-")
+        log_path = self.opts.workdir / self.session / f"{safe}.log"
+        if log_path.exists():
+            log_path.unlink()  # a redone run starts a fresh log
+        run_id = self.ledger.begin_run(
+            self.session, key, role=role, label=label, command=list(launch.argv),
+            env=dict(launch.env), diff=diff(self.base0, launch), log_path=str(log_path))
+        spec = RunSpec(argv=launch.argv, env=launch.env, log_path=log_path,
+                       timeout_s=self.opts.policy.timeout_s,
+                       nproc_per_node=self.opts.nproc_per_node, nodes=self.opts.nodes,
+                       name=safe, slurm_options=self.opts.slurm_options)
+        log(f"{key}: running ({self.launcher.name})")
+        result = self.launcher.launch(spec).wait()
+        self.executed += 1
+        parsed = parse_file(log_path) if log_path.exists() else None
+        if parsed is None:
+            from executor.logparse import parse_text
+
+            parsed = parse_text("")
+        metrics = run_metrics(parsed, result, window, expected_iters=iters)
+        cause = metrics["cause"]
+        tail = log_path.read_text(errors="replace")[-TAIL_CHARS:] if log_path.exists() else ""
+        self.ledger.end_run(run_id, status="failed" if cause else "done",
+                            returncode=result.returncode, timed_out=result.timed_out,
+                            metrics=metrics, cause=cause, log_tail=tail)
+        log(f"{key}: {cause or 'ok'}, step {_fmt_ms(metrics['step_ms'])}")
+        rec = self.ledger.finished_run(self.session, key)
+        assert rec is not None
+        return rec
+
+
+def _fmt_ms(x: float | None) -> str:
+    return f"{x:.1f} ms" if x else "n/a"
+
+
+def _metrics(rec: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(rec.get("metrics") or {"cause": rec.get("cause") or "no-metrics",
+                                       "step_ms": None, "lm_loss": {}})
+
+
+def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, label: str,
+                       *, profile_tpl: str | None, contract: Any, knob: str,
+                       value: Any) -> dict[str, Any]:
+    """Screens (A B A B …) then, for a screen winner, the confirm pair and the audit."""
+    pol = runner.opts.policy
+    swin = Window.tail(pol.screen_iters)
+    a_ms: list[float | None] = []
+    b_ms: list[float | None] = []
+    for rep in range(pol.repeats):
+        ra = runner.run(f"{prefix}:screen-base:{label}:{rep}", role="baseline", label="baseline",
+                        launch=_harness(base, pol.screen_iters), iters=pol.screen_iters,
+                        window=swin)
+        rb = runner.run(f"{prefix}:screen:{label}:{rep}", role="candidate", label=label,
+                        launch=_harness(cand, pol.screen_iters), iters=pol.screen_iters,
+                        window=swin)
+        ma, mb = _metrics(ra), _metrics(rb)
+        if ma.get("cause"):
+            raise UserError(f"the baseline itself failed ({ma['cause']}): see {ra['log_path']}")
+        if mb.get("cause"):
+            stats = screen_stats([*a_ms, ma["step_ms"]], [])
+            return {"verdict": "rejected", "cause": mb["cause"], "measured_gain": None,
+                    "noise": None, "screen": stats, "failed_run": rb["log_path"]}
+        a_ms.append(ma["step_ms"])
+        b_ms.append(mb["step_ms"])
+    stats = screen_stats(a_ms, b_ms)
+    first = decide(screen=stats, confirm_base=None, confirm_cand=None, audit=None, policy=pol) \
+        if not _screen_ok(stats, pol) else None
+    if first is not None:
+        return first
+    n, cwin = pol.confirm_iters, pol.confirm_window
+    cb = runner.run(f"{prefix}:confirm-base:{label}:0", role="confirm-baseline",
+                    label="baseline", launch=_harness(base, n), iters=n, window=cwin)
+    cand_run = _harness(cand, n)
+    trace_dir = None
+    if profile_tpl:
+        trace_dir = runner.opts.workdir / runner.session / f"{prefix}-confirm-{_safe(label)}-trace"
+        # profile just before the measured window: the profiler's cost stays out of it
+        start = max(1, cwin.first - 6)
+        end = max(start + 1, cwin.first - 2)
+        cand_run = _with_args(cand_run, profile_tpl.format(dir=trace_dir, start=start, end=end))
+    cc = runner.run(f"{prefix}:confirm:{label}:0", role="confirm", label=label,
+                    launch=cand_run, iters=n, window=cwin)
+    traces = sorted(str(p) for p in trace_dir.glob("*.json*")) if trace_dir and \
+        trace_dir.is_dir() else []
+    audit = audit_change(traces, knob, value, contract) if not _metrics(cc).get("cause") else None
+    return decide(screen=stats, confirm_base=_metrics(cb), confirm_cand=_metrics(cc),
+                  audit=audit, policy=pol)
+
+
+def _screen_ok(stats: Mapping[str, Any], pol: Policy) -> bool:
+    from executor.validate import screen_verdict
+
+    return screen_verdict(stats, pol)[0]
+
+
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
+
+
+def _with_args(launch: Launch, extra: str) -> Launch:
+    import shlex
+
+    return Launch(tuple(launch.argv) + tuple(shlex.split(extra)), dict(launch.env))
+
+
+Recommender = Callable[[list[str], Any, Path | None], list[dict[str, Any]]]
+
+
+def rules_recommender(traces: list[str], contract: Any, contract_path: Path | None
+                      ) -> list[dict[str, Any]]:
+    """Diagnose the profile traces and ask the rules engine; [] when either is missing."""
+    try:
+        from analyzer.diagnose import diagnose
+        from rules.engine import recommend
+        from rules.load import load_rules
+    except ImportError as exc:
+        log(f"rules engine not available ({exc.name}); using --try candidates only")
+        return []
+    try:
+        diagnosis = diagnose(traces, contract=contract if contract else None)
+        doc = recommend(load_rules(), diagnosis, contract or {})
+    except UserError as exc:
+        log(f"diagnosis failed: {exc.message}; using --try candidates only")
+        return []
+    out = []
+    for rec in doc.get("recommendations", []):
+        ch = rec.get("change") or {}
+        out.append({"knob": ch.get("knob"), "value": ch.get("to"), "with": ch.get("with") or {},
+                    "source": rec.get("rule"),
+                    "predicted_gain": ((rec.get("gain") or {}).get("speedup") or {}).get("mid")})
+    return [o for o in out if o["knob"]]
+
+
+def candidate_changes(recs: list[dict[str, Any]], tries: Sequence[str]) -> list[dict[str, Any]]:
+    """The user's `--try` list first (what they asked for), then the rules' recommendations in
+    their ranking; one knob each (a rule's `with` is that knob's own scope)."""
+    out: list[dict[str, Any]] = []
+    for t in tries:
+        ch = parse_change(t)
+        out.append({"changes": [ch], "label": ch.label, "source": "user",
+                    "predicted_gain": None})
+    for r in recs:
+        ch = [parse_change(f"{r['knob']}={_text(r['value'])}")]
+        ch += [parse_change(f"{k}={_text(v)}") for k, v in (r.get("with") or {}).items()]
+        out.append({"changes": ch, "label": ch[0].label, "source": r.get("source"),
+                    "predicted_gain": r.get("predicted_gain")})
+    return out
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return ",".join(map(str, v))
+    return str(v)
+
+
+def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract: Any = None,
+         contract_path: Path | None = None, opts: TuneOptions,
+         recommender: Recommender | None = None) -> dict[str, Any]:
+    """Run the closed loop; returns a summary (session, accepted changes, final command)."""
+    base = Launch(tuple(argv), dict(env or {}))
+    sid = session_id(argv, base.env, contract, opts)
+    recommender = recommender or (rules_recommender if opts.use_rules else None)
+    profile_tpl = _profile_template(argv, opts) if opts.profile else None
+    with Ledger.open(opts.ledger) as led:
+        led.start_session(sid, command=list(argv), env=base.env, contract=contract,
+                          options={"budget": opts.budget, "launcher": opts.launcher,
+                                   "tries": list(opts.tries), "policy": asdict(opts.policy)})
+        log(f"session {sid} · ledger {opts.ledger}")
+        runner = Runner(led, sid, opts, base)
+        decided: set[str] = set()
+        accepted: list[dict[str, Any]] = []
+        spent = 0
+        rnd = 0
+        while spent < opts.budget:
+            recs: list[dict[str, Any]] = []
+            con = _round_contract(contract, accepted)
+            if profile_tpl and recommender is not None:
+                recs = _profile_and_recommend(runner, rnd, base, profile_tpl, con,
+                                              contract_path, recommender)
+            elif recommender is not None:
+                recs = recommender([], con, contract_path)
+            pending = [c for c in candidate_changes(recs, opts.tries)
+                       if c["label"] not in decided and apply_all(base, c["changes"]) != base]
+            if not pending:
+                log("no candidate left to try")
+                break
+            progressed = False
+            for cand in pending:
+                if spent >= opts.budget:
+                    break
+                spent += 1
+                label = cand["label"]
+                decided.add(label)
+                key = f"r{rnd}:{label}"
+                prior = led.decision(sid, key)
+                if prior is None:
+                    cl = apply_all(base, cand["changes"])
+                    ch0 = cand["changes"][0]
+                    res = validate_candidate(runner, f"r{rnd}", base, cl, label,
+                                             profile_tpl=profile_tpl, contract=con,
+                                             knob=ch0.knob.name, value=ch0.value)
+                    led.record_decision(
+                        sid, key, label=label,
+                        change={"knob": ch0.knob.name, "value": ch0.value,
+                                "with": {c.knob.name: c.value for c in cand["changes"][1:]}},
+                        source=cand["source"], predicted_gain=cand["predicted_gain"],
+                        measured_gain=res.get("measured_gain"), noise=res.get("noise"),
+                        verdict=res["verdict"], cause=res.get("cause"), evidence=res)
+                    prior = led.decision(sid, key)
+                assert prior is not None
+                log(f"{label}: {prior['verdict']}"
+                    + (f" ({prior['cause']})" if prior["cause"] else "")
+                    + (f", gain {prior['measured_gain']:+.1%}"
+                       if prior["measured_gain"] is not None else ""))
+                if prior["verdict"] == "accepted":
+                    base = apply_all(base, cand["changes"])
+                    accepted.append(prior)
+                    progressed = True
+                    break  # new baseline: profile and recommend again
+            if not progressed:
+                break
+            rnd += 1
+        led.finish_session(sid)
+        return {"session": sid, "ledger": str(opts.ledger), "accepted": accepted,
+                "decisions": led.decisions(sid), "final_command": list(base.argv),
+                "final_env": dict(base.env), "runs_executed": runner.executed,
+                "runs_reused": runner.reused}
+
+
+def _round_contract(contract: Any, accepted: Sequence[Mapping[str, Any]]) -> Any:
+    """The user's contract with this session's accepted changes applied to its megatron_args
+    (the rules read current knob values there); None when the user gave none."""
+    if contract is None:
+        return None
+    import copy
+
+    doc = copy.deepcopy(dict(contract))
+    for d in accepted:
+        ch = d["change"]
+        doc.setdefault("megatron_args", {})[ch["knob"]] = ch["value"]
+        for k, v in (ch.get("with") or {}).items():
+            doc["megatron_args"][k] = v
+    return doc
+
+
+def apply_all(launch: Launch, changes: Sequence[Change]) -> Launch:
+    for ch in changes:
+        launch = apply(launch, ch)
+    return launch
+
+
+def _profile_and_recommend(runner: Runner, rnd: int, base: Launch, tpl: str, contract: Any,
+                           contract_path: Path | None, recommender: Recommender
+                           ) -> list[dict[str, Any]]:
+    pol = runner.opts.policy
+    iters = pol.screen_iters
+    trace_dir = runner.opts.workdir / runner.session / f"r{rnd}-profile-trace"
+    start, end = max(iters // 2, 1), iters
+    launch = _with_args(_harness(base, iters), tpl.format(dir=trace_dir, start=start, end=end))
+    rec = runner.run(f"r{rnd}:profile:baseline:0", role="profile", label="baseline",
+                     launch=launch, iters=iters, window=Window.tail(iters))
+    if rec.get("cause"):
+        raise UserError(f"the baseline profile run failed ({rec['cause']}): see {rec['log_path']}")
+    traces = sorted(str(p) for p in trace_dir.glob("*.json*")) if trace_dir.is_dir() else []
+    if not traces:
+        log(f"profile run wrote no trace under {trace_dir}")
+        return []
+    if contract is None:  # no contract given: the run's own argument dump says what it claims
+        contract = _contract_from_log(Path(rec["log_path"]))
+    recs = recommender(traces, contract, contract_path)
+    log("rules recommend: " + (", ".join(f"{r['knob']}={_text(r['value'])} ({r['source']})"
+                                         for r in recs) or "nothing"))
+    return recs
+
+
+def _contract_from_log(path: Path) -> Any:
+    try:
+        from analyzer.megatron_args import contract_from_log
+
+        return contract_from_log(path.read_text(errors="replace"))
+    except (ImportError, OSError, UserError):
+        return None
+
+
+def run_one(argv: Sequence[str], change_texts: Sequence[str], *, env: Mapping[str, str] | None,
+            contract: Any, opts: TuneOptions) -> dict[str, Any]:
+    """`moetune run --change k=v`: one candidate against the baseline (screens + confirm)."""
+    base = Launch(tuple(argv), dict(env or {}))
+    changes = [parse_change(t) for t in change_texts]
+    cand = apply_all(base, changes)
+    if cand == base:
+        raise UserError(f"{', '.join(change_texts)} does not change the command")
+    label = changes[0].label
+    o = replace(opts, tries=tuple(change_texts), use_rules=False)
+    sid = session_id(argv, base.env, contract, o, kind="run")
+    profile_tpl = _profile_template(argv, opts) if opts.profile else None
+    with Ledger.open(opts.ledger) as led:
+        led.start_session(sid, command=list(argv), env=base.env, contract=contract,
+                          options={"change": list(change_texts), "launcher": opts.launcher})
+        runner = Runner(led, sid, opts, base)
+        key = f"r0:{label}"
+        prior = led.decision(sid, key)
+        if prior is None:
+            res = validate_candidate(runner, "r0", base, cand, label, profile_tpl=profile_tpl,
+                                     contract=contract, knob=changes[0].knob.name,
+                                     value=changes[0].value)
+            led.record_decision(sid, key, label=label,
+                                change={"knob": changes[0].knob.name, "value": changes[0].value},
+                                source="user", predicted_gain=None,
+                                measured_gain=res.get("measured_gain"), noise=res.get("noise"),
+                                verdict=res["verdict"], cause=res.get("cause"), evidence=res)
+            prior = led.decision(sid, key)
+        led.finish_session(sid)
+        return {"session": sid, "decision": prior, "command": list(cand.argv),
+                "runs_executed": runner.executed, "runs_reused": runner.reused}

@@ -1,0 +1,131 @@
+"""`moetune run --change KNOB=VALUE [--cmd "…"]`: one candidate against the baseline.
+
+Also holds the executor options `moetune tune` shares (add_exec_options, tune_options)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from moetune.errors import UserError
+
+DEFAULT_LEDGER = Path(".moetune") / "ledger.sqlite"
+DEFAULT_WORKDIR = Path(".moetune") / "runs"
+
+
+def add_exec_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cmd", metavar="COMMAND",
+                   help="training command to tune, e.g. \"torchrun … pretrain_gpt.py …\" "
+                   "(default: the bundled MoE GPT workload, `python -m executor.workloads.moe_gpt`)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment variable for every run (repeatable)")
+    p.add_argument("--contract", metavar="FILE", help="measurement contract (YAML/JSON)")
+    p.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER, help=f"SQLite ledger (default {DEFAULT_LEDGER})")
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where run logs and traces go")
+    p.add_argument("--launcher", choices=["local", "torchrun", "slurm", "nemo_run"], default="local",
+                   help="local runs --cmd as is (it may itself be torchrun …)")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="torchrun/nemo_run processes")
+    p.add_argument("--nodes", type=int, default=1, help="Slurm nodes")
+    p.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra #SBATCH --KEY=VALUE line (repeatable)")
+    p.add_argument("--repeats", type=int, default=3, help="alternating A/B screen repeats (≥3)")
+    p.add_argument("--screen-iters", type=int, default=12, help="iterations per screen run")
+    p.add_argument("--confirm-iters", type=int, default=50, help="iterations of the confirm runs (≥50)")
+    p.add_argument("--window", metavar="A-B", help="confirm steady window (default: last 10 iterations)")
+    p.add_argument("--min-gain", type=float, default=0.02, help="smallest gain worth keeping (0.02 = 2 %%)")
+    p.add_argument("--loss-tolerance", type=float, default=0.05, help="relative loss difference allowed")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds before a run counts as hung")
+    p.add_argument("--no-profile", action="store_true", help="never add profiler flags")
+    p.add_argument("--profile-args", metavar="TEMPLATE",
+                   help="profiler flags with {dir} {start} {end} (default: chosen from --cmd)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def base_argv(args: argparse.Namespace) -> list[str]:
+    if not args.cmd:
+        return [sys.executable, "-m", "executor.workloads.moe_gpt"]
+    try:
+        argv = shlex.split(args.cmd)
+    except ValueError as exc:
+        raise UserError(f"cannot split --cmd: {exc}") from None
+    if not argv:
+        raise UserError("--cmd is empty")
+    return argv
+
+
+def env_pairs(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"--env wants NAME=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k] = v
+    return out
+
+
+def load_contract_doc(path: str | None) -> Any:
+    if not path:
+        return None
+    from analyzer.contract import load_contract, read_document
+
+    load_contract(path)  # validates; raises UserError naming the field
+    return read_document(path)
+
+
+def tune_options(args: argparse.Namespace, *, budget: int = 1, tries: tuple[str, ...] = (),
+                 use_rules: bool = False):
+    from executor.loop import TuneOptions
+    from executor.validate import Policy, Window
+
+    if args.repeats < 3:
+        raise UserError("--repeats must be at least 3 (A B A B A B)")
+    if args.confirm_iters < 2 or args.screen_iters < 4:
+        raise UserError("--screen-iters must be ≥ 4 and --confirm-iters ≥ 2")
+    window = Window.parse(args.window) if args.window else Window.tail(args.confirm_iters, size=10)
+    if window.last > args.confirm_iters or window.first < 2 or window.first > window.last:
+        raise UserError(f"--window {window} must lie within iterations 2–{args.confirm_iters}")
+    policy = Policy(repeats=args.repeats, screen_iters=args.screen_iters,
+                    confirm_iters=args.confirm_iters, confirm_window=window,
+                    min_gain=args.min_gain, loss_tolerance=args.loss_tolerance,
+                    timeout_s=args.timeout)
+    slurm = dict(env_pairs(args.slurm_option))
+    return TuneOptions(workdir=args.workdir, ledger=args.ledger, budget=budget, policy=policy,
+                       launcher=args.launcher, nproc_per_node=args.nproc_per_node,
+                       nodes=args.nodes, tries=tries, use_rules=use_rules,
+                       profile=not args.no_profile, profile_args=args.profile_args,
+                       slurm_options=slurm)
+
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "run", help="run one knob change against the baseline (A/B screens, confirm, verdict)",
+        description="Apply one knob change to the training command, run matched alternating "
+        "A/B screens and a confirm pair, and record the verdict in the ledger.")
+    p.add_argument("--change", action="append", required=True, metavar="KNOB=VALUE",
+                   help="the change, e.g. micro_batch_size=4 (knob names from rules/knobs.yaml)")
+    add_exec_options(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from executor.loop import run_one
+
+    opts = tune_options(args)
+    res = run_one(base_argv(args), args.change, env=env_pairs(args.env),
+                  contract=load_contract_doc(args.contract), opts=opts)
+    d = res["decision"]
+    if args.json:
+        sys.stdout.write(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
+        return 0
+    gain = f"{d['measured_gain']:+.1%}" if d["measured_gain"] is not None else "n/a"
+    noise = f"{d['noise']:.1%}" if d["noise"] is not None else "n/a"
+    print(f"{d['label']}: {d['verdict']} · gain {gain} · noise band {noise}"
+          + (f" · cause: {d['cause']}" if d["cause"] else ""))
+    print(f"session {res['session']} · {res['runs_executed']} runs executed, "
+          f"{res['runs_reused']} read back from {args.ledger}")
+    return 0

@@ -1,0 +1,54 @@
+"""`moetune tune --contract FILE --cmd "…" [--budget N] [--ledger PATH] [--try K=V]…`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from moetune.commands.run_cmd import (
+    add_exec_options,
+    base_argv,
+    env_pairs,
+    load_contract_doc,
+    tune_options,
+)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "tune", help="closed loop: profile, diagnose, recommend, validate, accept (resumable)",
+        description="Profile the baseline, diagnose it, take the rules' one-knob "
+        "recommendations (and --try candidates), validate each with A/B screens and a confirm "
+        "run, accept winners and start again from them. Re-running the same command resumes "
+        "from the ledger: finished runs are never redone.")
+    p.add_argument("--budget", type=int, default=4, help="candidates to validate, at most")
+    p.add_argument("--try", dest="tries", action="append", default=[], metavar="KNOB=VALUE",
+                   help="a candidate of your own (repeatable), after the rules' ones")
+    p.add_argument("--no-rules", action="store_true", help="only the --try candidates")
+    add_exec_options(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from executor.loop import tune
+
+    opts = tune_options(args, budget=args.budget, tries=tuple(args.tries),
+                        use_rules=not args.no_rules)
+    res = tune(base_argv(args), env=env_pairs(args.env),
+               contract=load_contract_doc(args.contract),
+               contract_path=Path(args.contract) if args.contract else None, opts=opts)
+    if args.json:
+        sys.stdout.write(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
+        return 0
+    for d in res["decisions"]:
+        gain = f"{d['measured_gain']:+.1%}" if d["measured_gain"] is not None else "   n/a"
+        print(f"{d['verdict']:<9} {d['label']:<40} gain {gain}"
+              + (f"  cause: {d['cause']}" if d["cause"] else ""))
+    print(f"accepted {len(res['accepted'])} · session {res['session']} · "
+          f"{res['runs_executed']} runs executed, {res['runs_reused']} read back")
+    print("final command: " + shlex.join(res["final_command"]))
+    return 0

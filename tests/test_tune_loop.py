@@ -1,0 +1,128 @@
+"""The closed loop on the CPU workload, as a user runs it: `moetune tune` / `moetune run` in real
+subprocesses, a real SQLite ledger, a candidate that crashes, and a tune killed mid-run and
+resumed without redoing or losing a finished run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = ("python -m executor.workloads.moe_gpt --num-layers 1 --hidden-size 32 "
+            "--num-attention-heads 2 --num-experts 4 --seq-length 16 --vocab-size 64 "
+            "--micro-batch-size 1 --global-batch-size 16")
+FAST = ["--screen-iters", "6", "--confirm-iters", "8", "--window", "5-8"]
+
+
+def moetune(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "moetune", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=900, **kw)
+
+
+def test_cli_usage_errors_are_one_line(tmp_path: Path) -> None:
+    for args in (["run", "--change", "micro_batch_size"],
+                 ["run", "--change", "micro_batch_size=2", "--repeats", "2"],
+                 ["tune", "--window", "9-3"],
+                 ["run", "--change", "micro_batch_size=2", "--contract", str(tmp_path / "none.yaml")]):
+        r = moetune(*args, "--ledger", str(tmp_path / "l.db"), "--workdir", str(tmp_path))
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.startswith("moetune: ") and r.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_tune_accepts_a_win_and_rejects_a_crash(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    r = moetune("tune", "--cmd", WORKLOAD, "--budget", "2", "--try", "micro_batch_size=16",
+                "--try", "moe_bogus_knob=1", *FAST, "--ledger", str(tmp_path / "l.db"),
+                "--workdir", str(tmp_path / "runs"), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    by = {d["label"]: d for d in res["decisions"]}
+    win, crash = by["micro_batch_size=16"], by["moe_bogus_knob=1"]
+    assert win["verdict"] == "accepted" and win["measured_gain"] > win["noise"] > 0
+    ev = win["evidence"]
+    assert len(ev["screen"]["a_ms"]) == len(ev["screen"]["b_ms"]) == 3  # A B A B A B
+    assert ev["loss_rel_diff"] < 1e-3  # same samples per global batch: same loss
+    assert ev["confirm"]["window"] == "5-8"
+    assert crash["verdict"] == "rejected" and crash["cause"] == "usage"
+    assert "--micro-batch-size" in res["final_command"]
+    assert res["final_command"][res["final_command"].index("--micro-batch-size") + 1] == "16"
+    with sqlite3.connect(tmp_path / "l.db") as c:
+        rows = c.execute("SELECT key, status, cause, log_tail FROM runs ORDER BY id").fetchall()
+    keys = [k for k, *_ in rows]
+    assert keys[0] == "r0:profile:baseline:0"
+    assert [k.split(":")[1] for k in keys[1:7]] == ["screen-base", "screen"] * 3  # alternating
+    failed = [row for row in rows if row[1] == "failed"]
+    assert len(failed) == 1 and failed[0][2] == "usage"
+    assert "unrecognized arguments: --moe-bogus-knob 1" in failed[0][3]  # log tail kept
+    ledger = moetune("ledger", "--ledger", str(tmp_path / "l.db"))
+    assert "micro_batch_size=16: accepted" in ledger.stdout
+
+
+@pytest.mark.slow
+def test_tune_killed_mid_run_resumes_without_redoing(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    db = tmp_path / "l.db"
+    args = [sys.executable, "-m", "moetune", "tune", "--cmd", WORKLOAD, "--no-rules",
+            "--no-profile", "--budget", "1", "--try", "micro_batch_size=16", *FAST,
+            "--ledger", str(db), "--workdir", str(tmp_path / "runs"), "--json"]
+    p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    deadline = time.monotonic() + 600
+    done_before: list[tuple] = []
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if not db.exists():
+            continue
+        with sqlite3.connect(db) as c:
+            rows = c.execute("SELECT id, key, status FROM runs ORDER BY id").fetchall()
+        if sum(1 for r in rows if r[2] == "done") >= 3 and rows[-1][2] == "running":
+            os.killpg(p.pid, signal.SIGKILL)  # mid-run: the 4th run is in flight
+            p.wait()
+            done_before = [r for r in rows if r[2] == "done"]
+            break
+    assert done_before, "the tune finished before it could be interrupted"
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert res["runs_reused"] >= len(done_before)
+    with sqlite3.connect(db) as c:
+        rows = c.execute("SELECT id, key, status, attempt FROM runs ORDER BY id").fetchall()
+    for rid, key, _ in done_before:  # kept, same row, never redone
+        same = [row for row in rows if row[1] == key]
+        assert [(row[0], row[2]) for row in same] == [(rid, "done")]
+    interrupted = [row for row in rows if row[2] == "interrupted"]
+    assert len(interrupted) == 1  # the run in flight is kept, marked, and redone once
+    redo = [row for row in rows if row[1] == interrupted[0][1] and row[2] == "done"]
+    assert len(redo) == 1 and redo[0][3] == 2
+    assert len({row[1] for row in rows}) == 8  # 6 screens + 2 confirms, each done exactly once
+    assert res["decisions"][0]["verdict"] == "accepted"
+
+
+def test_candidate_order_round_contract_and_session_id(tmp_path: Path) -> None:
+    from executor.loop import TuneOptions, _round_contract, candidate_changes, session_id
+
+    recs = [{"knob": "cuda_graph_impl", "value": "transformer_engine",
+             "with": {"cuda_graph_modules": ["moe_router", "moe_preprocess"]},
+             "source": "host.cuda-graphs", "predicted_gain": 1.69},
+            {"knob": "micro_batch_size", "value": 2, "with": {}, "source": "host.larger-micro-batch",
+             "predicted_gain": 0.5}]
+    cands = candidate_changes(recs, ["moe_grouped_gemm=true"])
+    assert [c["label"] for c in cands] == ["moe_grouped_gemm=true", "cuda_graph_impl=transformer_engine",
+                                           "micro_batch_size=2"]
+    assert [ch.knob.name for ch in cands[1]["changes"]] == ["cuda_graph_impl", "cuda_graph_modules"]
+    con = {"megatron_args": {"micro_batch_size": 1}}
+    accepted = [{"change": {"knob": "micro_batch_size", "value": 8, "with": {}}}]
+    assert _round_contract(con, accepted)["megatron_args"]["micro_batch_size"] == 8
+    assert con["megatron_args"]["micro_batch_size"] == 1  # the user's contract is not modified
+    o = TuneOptions(workdir=tmp_path, ledger=tmp_path / "l.db")
+    assert session_id(["a"], {}, con, o) == session_id(["a"], {}, con, o)
+    assert session_id(["a"], {}, con, o) != session_id(["a", "b"], {}, con, o)
