@@ -1,6 +1,7 @@
 """Fit and scale planner: memory model (memory.py), legal Parallel Folding layouts (layouts.py),
-ranked fit plans (plan.py). See docs/planner.md."""
+ranked fit plans (plan.py); their assumed numbers in planner.yaml (config.py). See docs/planner.md."""
 
+from analyzer.planner.config import PlannerConfig, load_planner_config
 from analyzer.planner.layouts import Topology, enumerate_layouts
 from analyzer.planner.memory import (
     FitOptions,
@@ -13,7 +14,7 @@ from analyzer.planner.memory import (
 from analyzer.planner.plan import Outcome, Plan, plan_fit, read_contract, request_from_contract
 
 __all__ = [
-    "FitOptions", "Layout", "ModelSpec", "Outcome", "Plan", "Topology", "Workload",
-    "enumerate_layouts", "estimate_memory", "model_spec", "plan_fit", "read_contract",
-    "request_from_contract",
+    "FitOptions", "Layout", "ModelSpec", "Outcome", "Plan", "PlannerConfig", "Topology", "Workload",
+    "enumerate_layouts", "estimate_memory", "load_planner_config", "model_spec", "plan_fit",
+    "read_contract", "request_from_contract",
 ]

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from analyzer.planner.config import builtin
 from analyzer.planner.memory import Layout, ModelSpec, Workload
 
 # id -> the rule as a user reads it (also the vocabulary of `relax`)
@@ -130,11 +131,13 @@ def pipeline_split(num_layers: int, pp: int, vpp: int | None, mtp: int
 
 
 def enumerate_layouts(model: ModelSpec, work: Workload, topo: Topology, *,
-                      ep_overlap: bool = False, max_vpp: int = 8,
+                      ep_overlap: bool = False, max_vpp: int | None = None,
                       relax: frozenset[str] = frozenset()) -> Enumeration:
-    """Every legal layout for `topo.gpus` GPUs. `relax` skips named constraints (used only to
-    find which constraint binds when nothing fits; such layouts are not runnable)."""
+    """Every legal layout for `topo.gpus` GPUs (VPP up to `max_vpp`, planner.yaml
+    `layouts.max_vpp` by default). `relax` skips named constraints (used only to find which
+    constraint binds when nothing fits; such layouts are not runnable)."""
     out = Enumeration()
+    max_vpp = builtin().max_vpp if max_vpp is None else max_vpp
     if topology_problem(topo):
         return out
     world = topo.gpus

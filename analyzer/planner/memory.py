@@ -13,6 +13,10 @@ Sources, cited where each term is computed:
 - [EXP] megatron-core 0.16 `transformer/moe/experts.py`: router probs are applied inside the
   activation (`activation_func_with_probs`), so the expert FC2 output is not kept for unpermute.
 
+The numbers these formulas assume (allocator overhead, bytes per element of each state and of
+saved activations whose dtype is an assumption) live in `planner.yaml` (config.py); every function
+takes them as `cfg`, the built-in file when None.
+
 Deliberate simplifications (docs/planner.md lists them): fused (flash) attention, so only Q, K, V,
 the output and the softmax statistics are saved and `core_attn` recompute saves ~nothing
 (MB-recomp measured −0.01 %); no dropout; fused SwiGLU; bias-free linears.
@@ -27,15 +31,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
+from analyzer.planner.config import GIB, PlannerConfig, builtin
 from moetune.errors import UserError
-
-GIB = float(1 << 30)
-
-# Allocator and runtime terms. Knowledge that changes: calibrate against measured peaks
-# (fixtures/planner/measured.json) and move to YAML when the planner gets a data file.
-CUDA_CONTEXT_BYTES = 1.5 * GIB  # CUDA context + cuBLAS/cuDNN workspaces + NCCL communicator buffers
-FRAGMENTATION = {True: 0.03, False: 0.10}  # of dynamic memory; key: expandable_segments
-MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128  # Megatron default; padded to a multiple of this × TP
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                      "shared_experts")
@@ -230,19 +227,19 @@ def layer_params(m: ModelSpec, is_moe: bool) -> LayerParams:
     return LayerParams(attn + shared, attn_rep + norms + router, float(expert))
 
 
-def padded_vocab(m: ModelSpec, tp: int) -> int:
-    mult = MAKE_VOCAB_SIZE_DIVISIBLE_BY * tp
+def padded_vocab(m: ModelSpec, tp: int, *, cfg: PlannerConfig | None = None) -> int:
+    mult = (cfg or builtin()).vocab_divisible_by * tp
     return int(math.ceil(m.vocab_size / mult) * mult)
 
 
-def total_params(m: ModelSpec) -> dict[str, float]:
+def total_params(m: ModelSpec, *, cfg: PlannerConfig | None = None) -> dict[str, float]:
     """Whole-model parameter count by kind (TP=1 padding), for reports and sanity tests."""
     dense = rep = expert = 0.0
     mtp_moe = m.moe_pattern[-1]
     for is_moe in (*m.moe_pattern, *([mtp_moe] * m.mtp_num_layers)):
         p = layer_params(m, bool(is_moe))
         dense, rep, expert = dense + p.dense, rep + p.replicated, expert + p.expert
-    v = padded_vocab(m, 1) * m.hidden_size
+    v = padded_vocab(m, 1, cfg=cfg) * m.hidden_size
     emb = v * (2 if m.untie_embeddings_and_output_weights else 1)
     mtp_extra = m.mtp_num_layers * (2 * m.hidden_size * m.hidden_size)
     total = dense + rep + expert + emb + mtp_extra
@@ -315,8 +312,10 @@ class Workload:
     micro_batch_size: int = 1
     global_batch_size: int | None = None
     fp8: bool = False
-    param_bytes: int = 2  # bf16 params
-    main_grad_bytes: int = 4  # fp32 main grads (Megatron default for bf16 training) [TMU]
+    # bf16 params and fp32 main grads (Megatron's default for bf16 training) [TMU]; bytes from
+    # planner.yaml `bytes_per_element`
+    param_bytes: int = field(default_factory=lambda: builtin().param_bytes_for("bf16"))
+    main_grad_bytes: int = field(default_factory=lambda: builtin().main_grad_bytes_for("fp32"))
     moe_imbalance: float = 1.0  # max/mean tokens per expert rank (capacity factor when dropping)
     ep_overlap: bool = False  # one extra warmup micro-batch [SCHED]
     fused_attention: bool = True  # False: local/unfused attention keeps the s×s scores
@@ -333,12 +332,14 @@ class Workload:
 
 
 def layer_activation_per_token(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions,
-                               is_moe: bool) -> dict[str, float]:
+                               is_moe: bool, *, cfg: PlannerConfig | None = None
+                               ) -> dict[str, float]:
     """Saved activations of one layer on one GPU, bytes per token of the s·b sequence, by part."""
+    c = cfg or builtin()
     h = m.hidden_size
     tp_div = lay.tp * lay.cp  # head/FFN-sharded tensors
     sp_div = lay.cp * (lay.tp if lay.sequence_parallel else 1)  # norm/residual tensors
-    lin = 1 if w.fp8 else 2  # FP8 keeps linear inputs in one byte
+    lin = c.linear_input_fp8 if w.fp8 else c.linear_input_bf16  # saved linear inputs
     mods = set(opts.recompute_modules) if opts.recompute == "selective" else set()
     if opts.recompute == "full":
         return {"layer_input": 2 * h / sp_div}  # uniform full recompute keeps each layer's input
@@ -352,16 +353,17 @@ def layer_activation_per_token(m: ModelSpec, lay: Layout, w: Workload, opts: Fit
         out["mla_latents"] = (2 + lin) * latent / sp_div  # latent norm input + up-proj input
         if "mla_up_proj" not in mods:
             out["qkv"] = 2 * n * (2 * (qk + rope) + v) / tp_div
-        out["attn_out"] = (2 * n * v + 4 * n) / tp_div  # O + softmax stats (fp32)
+        out["attn_out"] = (2 * n * v + c.softmax_stats_per_head * n) / tp_div  # O + stats
     else:
         qd, kvd = n * m.kv_channels, m.num_query_groups * m.kv_channels
         out["qkv"] = 2 * (qd + 2 * kvd) / tp_div
-        out["attn_out"] = (2 * qd + 4 * n) / tp_div
+        out["attn_out"] = (2 * qd + c.softmax_stats_per_head * n) / tp_div
     if not w.fused_attention and "core_attn" not in mods:
         # unfused DotProductAttention (megatron-core `dot_product_attention.py`, torch softmax
         # fallback with attention_softmax_in_fp32=True): the fp32 softmax output (4·a·s²·b) and
         # the bf16 probabilities fed to the V bmm (2·a·s²·b) are saved [KOR's 5as²b has dropout]
-        out["attn_scores"] = 6 * n * w.seq_length / tp_div  # queries split by TP heads, CP
+        # queries split by TP heads, CP
+        out["attn_scores"] = c.unfused_attention_per_score * n * w.seq_length / tp_div
     gate = 2 if m.swiglu else 1
     if not is_moe:
         if "mlp" not in mods:
@@ -371,7 +373,7 @@ def layer_activation_per_token(m: ModelSpec, lay: Layout, w: Workload, opts: Fit
     if "moe" in mods:
         return out  # the MoE checkpoint keeps only its input (the LN output above)
     e, k, f = m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size
-    out["router"] = 8 * e / sp_div  # fp32 logits + probs
+    out["router"] = c.router_per_expert * e / sp_div  # fp32 logits + probs
     # Per GPU the experts see s·b·k·imb·ETP/(TP·CP) token copies (ETP ranks share tokens, split
     # F): FC1 input (h), FC1 output (gate·F/ETP), activation output = FC2 input (F/ETP) [EXP].
     copies = k * w.moe_imbalance / tp_div
@@ -431,9 +433,10 @@ class MemoryEstimate:
 
 
 def rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions,
-                rank: int) -> dict[str, float]:
+                rank: int, *, cfg: PlannerConfig | None = None) -> dict[str, float]:
     """Memory of pipeline rank `rank` (any TP/CP/DP/EP coordinate: they are symmetric), bytes."""
-    return _rank_memory(m, lay, w, opts, rank, _per_kind(m, lay, w, opts))
+    c = cfg or builtin()
+    return _rank_memory(m, lay, w, opts, rank, _per_kind(m, lay, w, opts, c), c)
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,13 +449,14 @@ class _Kind:
     rebuilt: float  # recomputed in backward (saved without recompute − saved)
 
 
-def _per_kind(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions) -> dict[bool, _Kind]:
+def _per_kind(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions,
+              cfg: PlannerConfig) -> dict[bool, _Kind]:
     none = FitOptions(recompute="none")
     out = {}
     for is_moe in (False, True):
         p = layer_params(m, is_moe)
-        saved = sum(layer_activation_per_token(m, lay, w, opts, is_moe).values())
-        full = sum(layer_activation_per_token(m, lay, w, none, is_moe).values())
+        saved = sum(layer_activation_per_token(m, lay, w, opts, is_moe, cfg=cfg).values())
+        full = sum(layer_activation_per_token(m, lay, w, none, is_moe, cfg=cfg).values())
         out[is_moe] = _Kind(p.dense / lay.tp + p.replicated, p.expert / (lay.ep * lay.etp),
                             saved, full - saved)
     return out
@@ -471,12 +475,12 @@ def _rank_counts(stages: tuple[tuple[int, ...], ...], pp: int, chunks: int,
 
 
 def _rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, rank: int,
-                 kinds: Mapping[bool, _Kind]) -> dict[str, float]:
+                 kinds: Mapping[bool, _Kind], cfg: PlannerConfig) -> dict[str, float]:
     first, last = rank == 0, rank == lay.pp - 1
     n_dense, n_moe = _rank_counts(lay.stages, lay.pp, lay.chunks, m.moe_pattern)[rank]
     present = [kinds[k] for k, n in ((False, n_dense), (True, n_moe)) if n]
     h = m.hidden_size
-    vocab = padded_vocab(m, lay.tp)
+    vocab = padded_vocab(m, lay.tp, cfg=cfg)
     dense = n_dense * kinds[False].dense + n_moe * kinds[True].dense
     expert = n_moe * kinds[True].expert
     if first:
@@ -495,8 +499,9 @@ def _rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, rank:
             expert += m.mtp_num_layers * mtp_kind.expert
 
     # states: bf16 weights, fp32 main grads, fp32 main params + Adam m, v [TMU][OPT]
-    master = 4 if w.param_bytes < 4 else 0
-    mv = 4 if opts.precision_aware_optimizer else 8
+    master = cfg.master_param_bytes if w.param_bytes < cfg.param_bytes_for("fp32") else 0
+    mv = cfg.adam_moment_bytes_precision_aware if opts.precision_aware_optimizer \
+        else cfg.adam_moment_bytes
     dense_shard = lay.dp * lay.cp if opts.distributed_optimizer else 1
     expert_shard = lay.edp if opts.distributed_optimizer else 1
     on_gpu = 1.0 - opts.optimizer_offload_fraction
@@ -506,15 +511,17 @@ def _rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, rank:
     inflight = inflight_layer_microbatches(lay, rank, w.microbatches(lay.dp), w.ep_overlap)
     activations = sb * inflight * (n_dense * kinds[False].saved + n_moe * kinds[True].saved)
     if first:
-        activations += 8 * sb * inflight  # int64 token ids of in-flight micro-batches
+        activations += cfg.token_id * sb * inflight  # token ids of in-flight micro-batches
     logits = 0.0
     if last:
         # final-norm output + logits, vocab split by TP [TMU: 4·sbh + 4·sbV]. Unfused vocab-parallel
         # cross entropy saves the fp32 softmax (4V) and at the start of backward its fp32
         # gradient (4V) and the bf16 gradient for the output layer (2V) coexist: 10V. One
         # micro-batch (the last stage runs its backward at once), plus one per MTP depth.
-        per_vocab = 4 if w.cross_entropy_fusion else 10
-        logits = sb * (4 * h + per_vocab * vocab) / (lay.tp * lay.cp) * (1 + m.mtp_num_layers)
+        per_vocab = (cfg.cross_entropy_per_vocab_fused if w.cross_entropy_fusion
+                     else cfg.cross_entropy_per_vocab_unfused)
+        logits = (sb * (cfg.final_norm_output * h + per_vocab * vocab) / (lay.tp * lay.cp)
+                  * (1 + m.mtp_num_layers))
         activations += sb * m.mtp_num_layers * mtp_kind.saved
     # recomputation rebuilds one layer's discarded activations during its backward
     rebuilt = max((k.rebuilt for k in present), default=0.0)
@@ -530,14 +537,16 @@ def _rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, rank:
         "activations": activations,
         "logits": logits,
         "transient": transient,
-        "overhead": CUDA_CONTEXT_BYTES + FRAGMENTATION[opts.expandable_segments] * dynamic,
+        "overhead": cfg.cuda_context_bytes + cfg.fragmentation(opts.expandable_segments) * dynamic,
     }
 
 
-def estimate_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions) -> MemoryEstimate:
+def estimate_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, *,
+                    cfg: PlannerConfig | None = None) -> MemoryEstimate:
     """Peak per-GPU memory: the maximum over pipeline ranks of `rank_memory`."""
-    kinds = _per_kind(m, lay, w, opts)
-    per_rank = [_rank_memory(m, lay, w, opts, r, kinds) for r in range(lay.pp)]
+    c = cfg or builtin()
+    kinds = _per_kind(m, lay, w, opts, c)
+    per_rank = [_rank_memory(m, lay, w, opts, r, kinds, c) for r in range(lay.pp)]
     totals = tuple(sum(d.values()) for d in per_rank)
     worst = max(range(lay.pp), key=totals.__getitem__)
     return MemoryEstimate(totals[worst], worst, per_rank[worst], totals)

@@ -5,16 +5,20 @@ take the first rung of the fit ladder that fits (expandable segments first; dist
 selective recompute before full; offload last), then rank by the §3 priorities: minimal model
 parallelism / max DP, EP×TP inside the NVLink domain, PP (+VPP) across nodes, EP rather than ETP,
 CP only for long context. Each plan carries the terms of its score as its reasons.
+
+The ladder's order, costs and whys, the headroom wanted and the score weights are data
+(`planner.yaml`, config.py); `Request.config` carries them, merged with a user override if any.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from analyzer.planner.config import PlannerConfig, builtin
 from analyzer.planner.layouts import (
     CONSTRAINTS,
     Enumeration,
@@ -36,8 +40,6 @@ from analyzer.planner.memory import (
 from moetune.errors import UserError
 
 SCHEMA_ID = "moetune.fit/1"
-IMBALANCE_NATURAL = 1.25
-HEADROOM_WANTED = 0.15  # below this a plan is ranked down: dropless imbalance OOMs early  # dropless, natural routing: busiest EP rank vs mean (assumption)
 
 
 # --------------------------------------------------------------------------------------------
@@ -52,40 +54,41 @@ class Rung:
     why: str
 
 
-def fit_ladder(model: ModelSpec, *, distributed_optimizer: bool) -> list[Rung]:
-    """Rungs in the seed's order (§4 phase 1, §11 rule 8); each includes all earlier ones."""
-    base = FitOptions(expandable_segments=True, distributed_optimizer=distributed_optimizer)
-    rungs = [Rung("expandable_segments", base, 0.0,
-                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: ~0 cost (MB-mem)")]
-    cur = replace(base, distributed_optimizer=True)
-    if not distributed_optimizer:
-        rungs.append(Rung("distributed_optimizer", cur, 0.0,
-                          "ZeRO-1: optimizer state sharded over DP×CP and EDP (§3 priority 1)"))
-    modules: tuple[str, ...] = ()
-    steps = [("moe_act", 0.02, "selective recompute moe_act: +1.99 % time (MB-recomp)"),
-             ("layernorm", 0.02, "selective recompute layernorm: output-discarding, cheap")]
-    if model.multi_latent_attention:
-        steps.append(("mla_up_proj", 0.05, "selective recompute mla_up_proj: +5.19 % (MB-recomp)"))
-    if not model.num_experts:
-        steps = [("mlp", 0.10, "selective recompute mlp")]
-    cost = 0.0
-    for mod, c, why in steps:
-        modules += (mod,)
-        cost += c
-        cur = replace(cur, recompute="selective", recompute_modules=modules)
-        rungs.append(Rung(f"recompute:{'+'.join(modules)}", cur, cost, why))
-    cur = replace(cur, precision_aware_optimizer=True)
-    cost += 0.01
-    rungs.append(Rung("precision_aware_optimizer", cur, cost,
-                      "bf16 Adam moments: halves optimizer state, numerics change slightly"))
-    cur = replace(cur, recompute="full", recompute_modules=())
-    cost = 0.34
-    rungs.append(Rung("recompute:full", cur, cost,
-                      "full recompute: one extra forward per layer, ≈ +33 % (KOR §5)"))
-    for frac, c in ((0.25, 0.9), (0.5, 1.8), (1.0, 3.2)):
-        rungs.append(Rung(f"optimizer_offload:{frac}", replace(cur, optimizer_offload_fraction=frac),
-                          cost + c, f"optimizer CPU offload {frac:.0%}: H100 ~1.9× slower at 25 %, "
-                          "~4.2× at 100 % (MB-offload)"))
+def fit_ladder(model: ModelSpec, *, distributed_optimizer: bool,
+               cfg: PlannerConfig | None = None) -> list[Rung]:
+    """Rungs in planner.yaml's order (§4 phase 1, §11 rule 8); each includes all earlier ones.
+
+    A rung's cost is the sum over the options in effect: selective modules add up, full recompute
+    replaces them, a later offload fraction replaces an earlier one."""
+    c = cfg or builtin()
+    facts = {"moe": bool(model.num_experts), "dense": not model.num_experts,
+             "mla": model.multi_latent_attention,
+             "no_distributed_optimizer": not distributed_optimizer}
+    cur = FitOptions(expandable_segments=False, distributed_optimizer=distributed_optimizer)
+    costs: dict[str, float] = {}  # option slot -> cost of what is in effect there
+    rungs = []
+    for spec in c.ladder:
+        if not all(facts[w] for w in spec.when):
+            continue
+        if spec.recompute_module:
+            modules = (*(cur.recompute_modules if cur.recompute == "selective" else ()),
+                       spec.recompute_module)
+            cur = replace(cur, recompute="selective", recompute_modules=modules)
+            selective = costs.get("recompute", 0.0) if "recompute:full" not in costs else 0.0
+            costs.pop("recompute:full", None)
+            costs["recompute"] = selective + spec.cost
+            name = spec.name or f"recompute:{'+'.join(modules)}"
+        else:
+            [(key, val)] = spec.set  # the schema allows one option per rung
+            slot = key
+            if key == "recompute":  # full recompute supersedes the selective modules
+                costs.pop("recompute", None)
+                slot = "recompute:full"
+                cur = replace(cur, recompute_modules=())
+            cur = replace(cur, **{key: float(val) if key.endswith("fraction") else val})
+            costs[slot] = spec.cost
+            name = spec.name or key
+        rungs.append(Rung(name, cur, sum(costs.values(), 0.0), spec.why))
     return rungs
 
 
@@ -104,6 +107,7 @@ class Request:
     dispatcher: str | None
     current: tuple[int, int, int, int | None, int, int] | None  # tp, cp, pp, vpp, ep, etp
     source: str | None = None
+    config: PlannerConfig = field(default_factory=builtin)  # planner.yaml (+ user override)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +120,11 @@ class Plan:
 
 
 def request_from_contract(doc: Mapping[str, Any], *, gpus: int | None = None,
-                          source: str | None = None) -> Request:
-    """Everything the planner needs from a contract document (raises UserError when missing)."""
+                          source: str | None = None,
+                          config: PlannerConfig | None = None) -> Request:
+    """Everything the planner needs from a contract document (raises UserError when missing);
+    `config` is the planner knowledge (`config.load_planner_config`), the built-in one if None."""
+    cfg = config or builtin()
     model = model_spec(doc.get("model") or {}, path=source)
     hw = doc.get("hardware") or {}
     shape = doc.get("shape") or {}
@@ -141,7 +148,7 @@ def request_from_contract(doc: Mapping[str, Any], *, gpus: int | None = None,
     if routing.get("capacity_factor"):
         imbalance = float(routing["capacity_factor"])
     else:
-        imbalance = 1.0 if routing.get("force_balancing") else IMBALANCE_NATURAL
+        imbalance = 1.0 if routing.get("force_balancing") else cfg.moe_imbalance_natural
     params = precision.get("params") or "bf16"
     ep_overlap = bool(margs.get("overlap_moe_expert_parallel_comm"))
     work = Workload(
@@ -149,8 +156,8 @@ def request_from_contract(doc: Mapping[str, Any], *, gpus: int | None = None,
         micro_batch_size=int(shape.get("micro_batch_size") or 1),
         global_batch_size=shape.get("global_batch_size"),
         fp8=bool(precision.get("fp8_format") or margs.get("fp8")),
-        param_bytes=4 if params == "fp32" else 2,
-        main_grad_bytes=2 if margs.get("main_grads_dtype") == "bf16" else 4,
+        param_bytes=cfg.param_bytes_for(str(params)),
+        main_grad_bytes=cfg.main_grad_bytes_for(margs.get("main_grads_dtype")),
         moe_imbalance=imbalance,
         ep_overlap=ep_overlap,
         cross_entropy_fusion=bool(margs.get("cross_entropy_loss_fusion")),
@@ -168,6 +175,7 @@ def request_from_contract(doc: Mapping[str, Any], *, gpus: int | None = None,
         gpu_memory_gib=float(hw["gpu_memory_gb"]),
         distributed_optimizer=bool(dist), ep_overlap=ep_overlap,
         dispatcher=margs.get("moe_token_dispatcher_type"), current=current, source=source,
+        config=cfg,
     )
 
 
@@ -183,12 +191,13 @@ def read_contract(path: str | Path) -> Mapping[str, Any]:
 
 
 def fit_layout(req: Request, lay: Layout, ladder: list[Rung]) -> tuple[Rung, MemoryEstimate] | None:
-    """The first rung that leaves HEADROOM_WANTED free, else the first that fits at all, else None."""
+    """The first rung that leaves `fit.headroom_wanted` free, else the first that fits at all,
+    else None."""
     cap = req.gpu_memory_gib * GIB
     first_fit = None
     for rung in ladder:
-        est = estimate_memory(req.model, lay, req.work, rung.options)
-        if est.peak_bytes <= cap * (1 - HEADROOM_WANTED):
+        est = estimate_memory(req.model, lay, req.work, rung.options, cfg=req.config)
+        if est.peak_bytes <= cap * (1 - req.config.headroom_wanted):
             return rung, est
         if first_fit is None and est.peak_bytes <= cap:
             first_fit = (rung, est)
@@ -197,34 +206,39 @@ def fit_layout(req: Request, lay: Layout, ladder: list[Rung]) -> tuple[Rung, Mem
 
 def score_terms(req: Request, lay: Layout, rung: Rung, est: MemoryEstimate
                 ) -> list[tuple[str, float, str]]:
-    """(term, penalty, why) — lower total ranks higher. Weights are heuristics, documented in
-    docs/planner.md; each term names the seed guideline it encodes."""
-    topo, w = req.topo, req.work
+    """(term, penalty, why) — lower total ranks higher. Weights are heuristics (planner.yaml
+    `ranking`, docs/planner.md); each term names the seed guideline it encodes."""
+    topo, w, wt = req.topo, req.work, req.config.weight
     terms: list[tuple[str, float, str]] = []
     if rung.cost:
         terms.append(("fit", rung.cost, f"needs {rung.name}: {rung.why}"))
     mp = lay.tp * lay.cp * lay.pp
     if mp > 1:
-        terms.append(("model_parallel", 0.05 * math.log2(mp),
+        terms.append(("model_parallel", wt("model_parallel_per_doubling") * math.log2(mp),
                       f"model parallelism TP·CP·PP = {mp}, DP {lay.dp} (§3 priority 1: the "
                       "smallest model parallelism that fits, max DP)"))
     if lay.pp > 1:
-        m = w.microbatches(lay.dp) or 4 * lay.pp
+        m = (w.microbatches(lay.dp)
+             or int(wt("pipeline_default_microbatches_per_stage")) * lay.pp)
         bubble = (lay.pp - 1) / (m * lay.chunks)
         terms.append(("pipeline_bubble", bubble,
                       f"PP{lay.pp}{f' VPP{lay.vpp}' if lay.vpp else ''} bubble (PP−1)/(m·VPP) with "
                       f"m={m} micro-batches"))
         if lay.vpp:
-            terms.append(("vpp_p2p", 0.005 * (lay.vpp - 1), "more VPP chunks, more P2P transfers"))
+            terms.append(("vpp_p2p", wt("vpp_p2p_per_chunk") * (lay.vpp - 1),
+                          "more VPP chunks, more P2P transfers"))
         if lay.pp_split == "layout":
-            terms.append(("custom_layout", 0.01, "uneven split needs --pipeline-model-parallel-layout"))
+            terms.append(("custom_layout", wt("custom_layout"),
+                          "uneven split needs --pipeline-model-parallel-layout"))
     if lay.tp > 1:
-        terms.append(("tensor_parallel", 0.04 * math.log2(lay.tp),
+        terms.append(("tensor_parallel", wt("tensor_parallel_per_doubling") * math.log2(lay.tp),
                       f"TP{lay.tp}: per-layer TP collectives; high TP makes MoE host-bound "
                       "(§3: size TP by active params)"))
     if lay.cp > 1:
         per = w.seq_length // lay.cp
-        weight = 0.04 if per >= 4096 else 0.15
+        weight = (wt("context_parallel_per_doubling_long_shard")
+                  if per >= wt("context_parallel_long_shard_tokens")
+                  else wt("context_parallel_per_doubling_short_shard"))
         terms.append(("context_parallel", weight * math.log2(lay.cp),
                       f"CP{lay.cp}: {per} tokens per CP shard (§3: CP for ≥8K context, 4K–8K "
                       "tokens per shard)"))
@@ -232,17 +246,19 @@ def score_terms(req: Request, lay: Layout, rung: Rung, est: MemoryEstimate
     if req.model.num_experts and group > topo.nvlink_domain:
         # share of each token's dispatch that leaves the NVLink domain: 1 − domain/(EP·ETP)
         off = 1 - topo.nvlink_domain / group
-        terms.append(("ep_cross_node", 0.15 * off,
+        terms.append(("ep_cross_node", wt("ep_cross_node") * off,
                       f"EP{lay.ep}×ETP{lay.etp} spans {group // topo.nvlink_domain} NVLink domains: "
                       f"{off:.0%} of dispatch crosses the network (§3 priority 2)"))
     if lay.etp > 1:
-        terms.append(("expert_tensor_parallel", 0.05 * math.log2(lay.etp),
+        terms.append(("expert_tensor_parallel",
+                      wt("expert_tensor_parallel_per_doubling") * math.log2(lay.etp),
                       f"ETP{lay.etp}: prefer EP over TP for experts (§3 priority 4)"))
     cap = req.gpu_memory_gib * GIB
     headroom = 1 - est.peak_bytes / cap
-    if headroom < HEADROOM_WANTED:
-        terms.append(("low_headroom", round(0.2 * (HEADROOM_WANTED - headroom) / HEADROOM_WANTED, 6),
-                      f"{headroom:.0%} headroom < {HEADROOM_WANTED:.0%}: early routing imbalance "
+    wanted = req.config.headroom_wanted
+    if headroom < wanted:
+        terms.append(("low_headroom", round(wt("low_headroom") * (wanted - headroom) / wanted, 6),
+                      f"{headroom:.0%} headroom < {wanted:.0%}: early routing imbalance "
                       "or fragmentation may OOM (§5.8)"))
     return terms
 
@@ -263,7 +279,8 @@ def plan_fit(req: Request) -> Outcome:
     problem = topology_problem(req.topo)
     if problem:
         return Outcome(req, (), 0, 0, ("topology",), f"no legal layout: topology: {problem}", None)
-    enum = enumerate_layouts(req.model, req.work, req.topo, ep_overlap=req.ep_overlap)
+    enum = enumerate_layouts(req.model, req.work, req.topo, ep_overlap=req.ep_overlap,
+                             max_vpp=req.config.max_vpp)
     plans = _fit_all(req, enum)
     if not plans:
         binding, text = _explain(req, enum)
@@ -279,7 +296,8 @@ def plan_fit(req: Request) -> Outcome:
 
 
 def _fit_all(req: Request, enum: Enumeration) -> list[Plan]:
-    ladder = fit_ladder(req.model, distributed_optimizer=req.distributed_optimizer)
+    ladder = fit_ladder(req.model, distributed_optimizer=req.distributed_optimizer,
+                        cfg=req.config)
     plans = []
     for lay in enum.layouts:
         hit = fit_layout(req, lay, ladder)
@@ -300,6 +318,7 @@ def _explain(req: Request, enum: Enumeration) -> tuple[tuple[str, ...], str]:
         # structural: which single relaxation yields any legal layout
         binding = [cid for cid in sorted(set(enum.rejected) - {"layers_cover_stages"})
                    if enumerate_layouts(req.model, req.work, req.topo, ep_overlap=req.ep_overlap,
+                                        max_vpp=req.config.max_vpp,
                                         relax=frozenset({cid})).layouts]
         names = binding or sorted(enum.rejected, key=enum.rejected.__getitem__, reverse=True)
         rules = "; ".join(f"{c}: {CONSTRAINTS[c]}" for c in names)
@@ -307,7 +326,7 @@ def _explain(req: Request, enum: Enumeration) -> tuple[tuple[str, ...], str]:
     binding = []
     for cid in sorted(set(enum.rejected) - {"layers_cover_stages"}):
         relaxed = enumerate_layouts(req.model, req.work, req.topo, ep_overlap=req.ep_overlap,
-                                    relax=frozenset({cid}))
+                                    max_vpp=req.config.max_vpp, relax=frozenset({cid}))
         fits = _fit_all(req, relaxed)
         if fits:
             lay = fits[0].layout
@@ -318,10 +337,11 @@ def _explain(req: Request, enum: Enumeration) -> tuple[tuple[str, ...], str]:
         return tuple(b[0] for b in binding), (
             f"no legal layout fits {req.gpu_memory_gib:g} GiB per GPU: binding "
             + "; ".join(b[1] for b in binding))
-    ladder = fit_ladder(req.model, distributed_optimizer=req.distributed_optimizer)
+    ladder = fit_ladder(req.model, distributed_optimizer=req.distributed_optimizer,
+                        cfg=req.config)
     best = _smallest(req, enum, ladder[-1])
     est, lay = best
-    total = total_params(req.model)["total"]
+    total = total_params(req.model, cfg=req.config)["total"]
     return ("memory",), (
         f"no legal layout fits: memory binds. Even with every fit option ({ladder[-1].name}) the "
         f"smallest predicted peak is {est.peak_gib:.1f} GiB ({mesh_attention(lay)} / "
@@ -332,7 +352,7 @@ def _explain(req: Request, enum: Enumeration) -> tuple[tuple[str, ...], str]:
 def _smallest(req: Request, enum: Enumeration, rung: Rung) -> tuple[MemoryEstimate, Layout]:
     best: tuple[MemoryEstimate, Layout] | None = None
     for lay in enum.layouts:
-        est = estimate_memory(req.model, lay, req.work, rung.options)
+        est = estimate_memory(req.model, lay, req.work, rung.options, cfg=req.config)
         if best is None or est.peak_bytes < best[0].peak_bytes:
             best = (est, lay)
     assert best is not None
@@ -468,7 +488,7 @@ def check_command(req: Request, plan: Plan) -> tuple[str, list[str]]:
 def to_document(out: Outcome, *, top: int, contract: str | None) -> dict[str, Any]:
     """The `moetune fit --json` document (schemas/fit.schema.json)."""
     req = out.request
-    totals = total_params(req.model)
+    totals = total_params(req.model, cfg=req.config)
     plans = []
     for i, p in enumerate(out.plans[:top], 1):
         lay, o = p.layout, p.rung.options

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from analyzer.planner.config import load_planner_config
 from analyzer.planner.plan import plan_fit, read_contract, request_from_contract, to_document
 from moetune.errors import UserError
 
@@ -20,14 +21,17 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "hardware.gpus_per_node)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="plans to show (default 5)")
     p.add_argument("--json", action="store_true", help="print the fit document (schemas/fit.schema.json)")
+    p.add_argument("--planner-config", metavar="FILE", help="YAML merged over the planner's "
+                   "built-in constants, ladder and weights (analyzer/planner/planner.yaml)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UserError(f"--top must be ≥ 1, got {args.top}")
+    config = load_planner_config(args.planner_config)  # bad file: UserError before any work
     doc = read_contract(args.contract)
-    req = request_from_contract(doc, gpus=args.gpus, source=args.contract)
+    req = request_from_contract(doc, gpus=args.gpus, source=args.contract, config=config)
     outcome = plan_fit(req)
     fit = to_document(outcome, top=args.top, contract=str(args.contract))
     if args.json:
