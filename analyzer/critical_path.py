@@ -14,6 +14,8 @@ the timeline) into segments, so segment lengths sum exactly to the step time T:
 |---|---|
 | a GPU op on the path | its wall (compute / communication / memory) |
 | a host call on the path, or GPU waiting on a launch / a host thread / a sync | host |
+| a blocking call entered through its sync edge: only its tail after the awaited op ended (the
+  wait before it is the op's, and whatever held the op) | host |
 | GPU waiting after its stream or event dependency was met (scheduling gap), or more than
   `LAUNCH_LATENCY_NS` after its launch returned with nothing known to explain it | other |
 | step tail after the last op (host preparing the next step) | host |
@@ -49,6 +51,7 @@ GAP_WALL = {"launch": "host", "host": "host", "sync": "host", "collective": "com
 TOP_SEGMENTS = 20
 LAUNCH_LATENCY_NS = 50_000  # longer launch→start gaps are not launch latency
 TOP_EDGES = 20
+CEILING_TEXT_MAX = 10.0  # gain ceilings above +1000 % print as ">10×"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +163,7 @@ def critical_path(graph: TimelineGraph, *, rank: int, step: int, start_ns: int,
         gap_lo = max(best_rel, start_ns)
         if gap_lo < lo_v:
             gw, what = GAP_WALL[best_kind], f"{best_kind}_gap"
-            if best_kind == "launch" and lo_v - gap_lo > LAUNCH_LATENCY_NS:
+            if best_kind == "launch" and best_via is None and lo_v - gap_lo > LAUNCH_LATENCY_NS:
                 gw, what = "other", "unexplained_gap"  # launched long before: waited on else
             out.append(Segment(rank, step, gap_lo, lo_v, gw, what, v))
         hi = min(best_rel, lo_v)
@@ -357,7 +360,7 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
     for w in WALLS:
         r, gmax = cp["recoverable_s"][w], cp["gain_ceiling"][w]
         if r > 0:
-            ceiling = "∞" if gmax is None else f"+{gmax * 100:.0f} %"
+            ceiling = _ceiling_text(gmax)
             parts.append(f"{w} {r * 1e3:.2f} ms (ceiling {ceiling})")
     ms = cp["median_step"]
     where = (f"step {ms[0]['step']}, rank {ms[0]['rank']}" if len(ms) == 1
@@ -377,6 +380,14 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
     if unl:
         lines.append("  not linked: " + ", ".join(f"{k} {v}" for k, v in sorted(unl.items())))
     return lines
+
+
+def _ceiling_text(gain: float | None) -> str:
+    """Gain ceiling for the terminal: when R ≈ T the percentage (+241899 %) says no more than
+    "a gain above 10× (+1000 %)"; the JSON keeps the number."""
+    if gain is None:
+        return "∞"
+    return ">10×" if gain > CEILING_TEXT_MAX else f"+{gain * 100:.0f} %"
 
 
 def diagnosis_section(trace: Trace, steps: Any, ctx: Any) -> dict[str, dict]:

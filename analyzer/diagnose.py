@@ -261,13 +261,7 @@ def _sha256(path: Path) -> str:
 
 def _warnings(trace: Trace, steps: Steps, events: pl.DataFrame, observed: dict[str, Any]) -> list[str]:
     w = list(trace.warnings) + list(steps.warnings)
-    modes = set(trace.ranks.get_column("graph_trace_mode").drop_nulls().to_list()) if trace.ranks.height else set()
-    graph_rows = events.filter(pl.col("kind") == "graph").height
-    if graph_rows or ("graph" in {m.lower() for m in modes} and observed["cuda_graph_replay"]):
-        w.append(
-            "graph-level trace (nsys --cuda-graph-trace=graph): kernels inside graph replays are not "
-            "listed, so their classes are unknown; re-capture with --cuda-graph-trace=node"
-        )
+    # the graph-level trace-mode warning comes from the nsys reader (trace.warnings)
     if steps.source == "profiler_step" and steps.dropped:
         w.append(
             f"dropped incomplete step(s) {', '.join(map(str, steps.dropped))} "

@@ -8,7 +8,7 @@ stream, wall) lives in the `TimelineGraph.nodes` frame, not on the networkx node
 | launch      | runtime call → GPU op (same rank and correlation; a `cudaGraphLaunch` fans out to every replayed op) | the op could not start before it was launched |
 | stream      | GPU op → next GPU op on the same (rank, device, stream) | in-order execution |
 | host        | runtime call → next runtime call on the same (rank, pid, tid); after a silence > `HANDOFF_GAP_NS` on its thread, also from the latest call that ended on another thread of the process | program order; thread hand-off |
-| sync        | waited GPU op → blocking host call (stream sync → last op launched on that stream before the call; context sync, or a sync call with no sync record → last op on every stream of the device; event sync → the op recorded by the event; a copy whose own call returned only after it ended → that call, whose launch edge then starts at the call before it) | the host was blocked until the op ended |
+| sync        | waited GPU op → blocking host call (stream sync → last op launched on that stream before the call; event sync → the op recorded by the event; context sync, an event sync whose event is not resolved, or a sync call with no sync record → last op launched before the call on every stream of the device, among those that ended before the call returned; a blocking copy call, see `_blocking_copy_edges` → its own copy, whose launch edge then starts at the call before it) | the host was blocked until the op ended |
 | event_wait  | recorded op on the waited stream → first op launched on the waiting stream after the `cudaStreamWaitEvent` (edge attribute `via` = the sync row) | cross-stream dependency |
 | collective  | latest-arriving member of the k-th collective of a group → every other member (cross-rank) | nobody finishes before the last rank arrives |
 
@@ -22,9 +22,12 @@ Each edge has a *release* point on its source and a *constraint* point on its ta
 `RELEASE`): launch releases at the call's start (an op may start inside its launch call; the
 critical-path walk then takes min(call end, op start)); the others at the source's end
 (collective: the source's start, i.e. its arrival). `sync` and
-`collective` constrain the target's end, the rest its start. An edge whose release lies after
-its constraint (beyond `TOLERANCE_NS`) is impossible in a real timeline: it is dropped and counted
-(`unlinked["time_inconsistent"]`). Cycles that survive (malformed correlation data) are broken
+`collective` constrain the target's end, the rest its start. Because a sync edge constrains the
+call's end, the critical-path walk splits a blocking call: the part before the awaited op's end
+belongs to that op (and whatever held it), only the tail after it is host time. An edge whose
+release lies after its constraint (beyond `TOLERANCE_NS`; `SYNC_TOLERANCE_NS` for sync edges,
+which cross from the GPU clock to the host's) is impossible in a real timeline: it is dropped and
+counted (`unlinked["time_inconsistent"]`). Cycles that survive (malformed correlation data) are broken
 inside each strongly connected component by dropping edges against (ts, id) order, so the graph
 is always a DAG and every analysis on it is linear in its size.
 
@@ -69,11 +72,20 @@ CONSTRAINS: dict[str, str] = {
 WALLS: tuple[str, ...] = ("compute", "communication", "memory", "host")
 
 TOLERANCE_NS = 2_000  # clock rounding: Kineto µs traces, writer's −1/+2 ns annotation shifts
+# A sync edge compares a GPU end with a host end: CPU/GPU clock skew adds to rounding. nsys 2026.2
+# (corpus nsysai_2gpu_training_before, one device) records stream syncs returning 4.4–6.7 µs
+# before the op they waited on ended.
+SYNC_TOLERANCE_NS = 10_000
 MAX_NODES = 400_000
 SMALL_KERNEL_NS = 10_000
 RUN_GAP_NS = 2_000
 HANDOFF_GAP_NS = 1_000_000
 INFER_GAP_NS = 50_000
+# A blocked copy call returns this soon after its copy ends (a synchronous pinned copy: a few
+# µs; HTA's pageable DtoH: 9 µs). Later returns are not explained by the copy.
+BLOCKED_RETURN_NS = 10_000
+# Shorter waits are within API overhead (async copy calls last 4–65 µs on gpu_mcore_hostbound).
+BLOCKED_MIN_NS = 10_000
 
 # Fallback kernel → wall rules, used only until analyzer/classify.py provides `wall`.
 _COMM_PATTERN = r"(?i)^(nccl|ncclDev|ncclKernel)|nccl|deep_ep::|hybrid_ep::|nvshmem|userbuffers|kuserbuffers|^rccl"
@@ -95,8 +107,11 @@ class TimelineGraph:
     window: tuple[int, int] | None
     unlinked: dict[str, int] = field(default_factory=dict)
     aggregated: bool = False
+    counts: dict[str, int] | None = None  # edges per kind, when known at build time
 
     def edge_counts(self) -> dict[str, int]:
+        if self.counts is not None:
+            return dict(self.counts)
         counts = dict.fromkeys(EDGE_KINDS, 0)
         for _, _, k in self.g.edges(data="kind"):
             counts[k] += 1
@@ -192,7 +207,7 @@ def build_graph(
     launch = _launch_edges(runtime, gpu, unlinked)
     stream = _chain(gpu, ["rank", "device", "stream"], "stream")
     sync, event_wait = _sync_edges(_with_sync_calls(syncs, runtime), runtime, gpu, unlinked)
-    blocking_copy = _blocking_copy_edges(runtime, gpu)
+    blocking_copy = _blocking_copy_edges(runtime, gpu, stream)
 
     members = pl.DataFrame(schema={"event_id": pl.Int64, "node": pl.Int64})
     aggregated = False
@@ -210,9 +225,11 @@ def build_graph(
         blocking_copy = blocking_copy.filter(pl.col("dst").is_in(list(keep)))
     # A blocking copy's call both issued and awaited it: issue edge from the call before it,
     # wait edge copy → call (end constraint), so the pair never forms a cycle.
-    launch = launch.join(blocking_copy.select(pl.col("dst").alias("src"), pl.col("src").alias("dst")),
+    flipped = launch.select(pl.col("dst").alias("src"), pl.col("src").alias("dst"))
+    own = blocking_copy.join(flipped, on=["src", "dst"], how="semi")
+    launch = launch.join(own.select(pl.col("dst").alias("src"), pl.col("src").alias("dst")),
                          on=["src", "dst"], how="anti")
-    launch = pl.concat([launch, _prev_host_call(blocking_copy, host)], how="vertical_relaxed")
+    launch = pl.concat([launch, _prev_host_call(own, host)], how="vertical_relaxed")
 
     inferred = _inferred_waits(gpu, launch, stream, runtime, syncs, ev, unlinked)
     offsets = _offsets(trace, offsets_ns)
@@ -237,20 +254,27 @@ def build_graph(
         ).drop("run_end_ns")
     nodes = nodes.with_columns(pl.col("kind").cast(pl.String)).select(NODE_COLUMNS).sort("node")
     edges = _drop_time_inconsistent(edges, nodes, unlinked)
+    loops = edges.filter(pl.col("src") == pl.col("dst")).height
+    if loops:
+        unlinked["self_loops"] = loops
+    # One edge per (src, dst), the last written wins (as repeated add_edge would); built in bulk.
+    edges = edges.filter(pl.col("src") != pl.col("dst")).unique(
+        ["src", "dst"], keep="last", maintain_order=True)
     g = nx.DiGraph()
     g.add_nodes_from(nodes.get_column("node").to_list())
-    for src, dst, k, via in edges.select("src", "dst", "kind", "via").iter_rows():
-        if src == dst:
-            unlinked["self_loops"] = unlinked.get("self_loops", 0) + 1
-            continue
-        if via is None:
-            g.add_edge(src, dst, kind=k)
-        else:
-            g.add_edge(src, dst, kind=k, via=via)
+    g.add_edges_from(
+        (src, dst, {"kind": k} if via is None else {"kind": k, "via": via})
+        for src, dst, k, via in edges.select("src", "dst", "kind", "via").iter_rows()
+    )
     _break_cycles(g, nodes, unlinked)
+    counts = None
+    if not unlinked.get("cycle_edges_dropped"):
+        by_kind = dict(edges.group_by("kind").len().iter_rows())
+        counts = {k: int(by_kind.get(k, 0)) for k in EDGE_KINDS}
     ranks = tuple(sorted(set(nodes.get_column("rank").drop_nulls().to_list())))
     return TimelineGraph(g=g, nodes=nodes, members=members, ranks=ranks, window=window,
-                         unlinked=dict(sorted(unlinked.items())), aggregated=aggregated)
+                         unlinked=dict(sorted(unlinked.items())), aggregated=aggregated,
+                         counts=counts)
 
 
 # ---------------------------------------------------------------- edges, one function per kind
@@ -347,10 +371,12 @@ def _sync_edges(
         return _empty_edges(), _empty_edges()
     sk = pl.col("sync_kind").cast(pl.String)
     # The host call that blocked: the runtime row sharing the sync row's correlation.
-    call = runtime.filter(pl.col("correlation").is_not_null()).group_by(
-        "rank", "correlation").agg(call=pl.col("node").min())
+    call = runtime.filter(pl.col("correlation").is_not_null()).sort("node").group_by(
+        "rank", "correlation").agg(call=pl.col("node").first(), call_end=pl.col("end_ns").first(),
+                                   call_name=pl.col("name").first())
     s = syncs.join(call, on=["rank", "correlation"], how="left").with_columns(
         target=pl.coalesce("call", "node"),
+        target_end=pl.coalesce("call_end", "end_ns"),
         # Older Kineto lacks the record's correlation: the event was recorded before the wait
         # call itself, so the wait's correlation is a sound (later) bound.
         record_corr=pl.coalesce("wait_correlation", "correlation"),
@@ -361,23 +387,34 @@ def _sync_edges(
 
     stream_sync = _last_op_before(s.filter(sk == "stream_sync"), gpu,
                                   stream_col="stream", corr_col="correlation")
-    event_sync = _last_op_before(s.filter(sk == "event_sync"), gpu,
+    known_event = (sk == "event_sync") & pl.col("wait_stream").is_not_null()
+    event_sync = _last_op_before(s.filter(known_event), gpu,
                                  stream_col="wait_stream", corr_col="record_corr")
-    ctx = s.filter(sk == "context_sync")
+    # Context sync, and event syncs whose event nobody resolved (nsys without CUDA_EVENT rows,
+    # Kineto without the record's stream): every stream of the device is a candidate ...
+    ctx = s.filter((sk == "context_sync") | ((sk == "event_sync") & ~known_event))
     streams = gpu.select("rank", "device", pl.col("stream").alias("_s")).unique().drop_nulls()
-    # context/device sync waits on every stream: of its own device when known, else all.
     ctx_q = ctx.join(streams, on="rank", how="inner", suffix="_gpu").filter(
         pl.col("device").is_null() | pl.col("device_gpu").is_null()
         | (pl.col("device") == pl.col("device_gpu"))
     )
     ctx_sync = _last_op_before(ctx_q, gpu, stream_col="_s", corr_col="correlation")
+    # ... but a stream whose last op was still running when the call returned was not waited on.
+    ends = gpu.select(pl.col("node").alias("waited"), pl.col("end_ns").alias("_w_end"))
+    ctx_sync = ctx_sync.join(ends, on="waited", how="left").filter(
+        pl.col("waited").is_null() | (pl.col("_w_end") <= pl.col("target_end") + SYNC_TOLERANCE_NS)
+    ).drop("_w_end")
     host_syncs = pl.concat(
         [f.select("node", "target", "waited") for f in (stream_sync, event_sync, ctx_sync)],
         how="vertical_relaxed",
     )
-    n_host = s.filter(sk.is_in(["stream_sync", "event_sync", "context_sync"])).height
-    resolved = host_syncs.drop_nulls("waited").get_column("node").n_unique()
-    unlinked["sync_unresolved"] = n_host - resolved
+    # A poll (cudaEventQuery: nsys and Kineto write sync rows for it) on work still running
+    # waited on nothing: not unresolved.
+    host_rows = s.filter(sk.is_in(["stream_sync", "event_sync", "context_sync"]))
+    polls = host_rows.filter(pl.col("call_name").str.contains("Query").fill_null(False))
+    resolved = host_syncs.drop_nulls("waited").get_column("node").unique()
+    unlinked["sync_unresolved"] = host_rows.height - resolved.len() - polls.filter(
+        ~pl.col("node").is_in(resolved.implode())).height
     sync = _edges(host_syncs, "waited", "target", "sync", via="node")
 
     sw = s.filter(sk == "stream_wait_event")
@@ -437,8 +474,9 @@ def _inferred_waits(
     syncs: pl.DataFrame, ev: pl.DataFrame, unlinked: dict[str, int],
 ) -> pl.DataFrame:
     """Traces that made `cudaStreamWaitEvent` calls but recorded no wait rows naming the waited
-    stream (Kineto before cuda_sync records; nsys exports whose event ids are not resolved): an op that started > INFER_GAP_NS after both its launch returned and
-    its stream predecessor ended waited on something; when an op on another stream of the same
+    stream (Kineto before cuda_sync records; nsys exports whose event ids are not resolved): an
+    op that started > INFER_GAP_NS after both its launch returned and its stream predecessor
+    ended waited on something; when the op launched last before it on another stream of the same
     device ended within INFER_GAP_NS before it started, that is the event wait (`via` = null)."""
     has_calls = runtime.filter(pl.col("rclass").cast(pl.String) == "stream_wait_event").height
     has_rows = syncs.filter(  # rows that say which stream they waited on
@@ -452,41 +490,103 @@ def _inferred_waits(
         stream.join(t, left_on="src", right_on="node").select("dst", rel="end_ns"),
     ]).group_by("dst").agg(pl.col("rel").max())
     late = (
-        gpu.select("rank", "device", "stream", "node", "ts_ns")
+        gpu.select("rank", "device", "stream", "node", "ts_ns", "correlation")
         .join(known, left_on="node", right_on="dst", how="left")
         .filter(pl.col("rel").is_null() | (pl.col("ts_ns") - pl.col("rel") > INFER_GAP_NS))
         .sort("ts_ns")
     )
     if late.height == 0:
         return _empty_edges()
-    cand = gpu.select("rank", "device", pl.col("stream").alias("o_stream"),
-                      pl.col("node").alias("o_node"), pl.col("end_ns").alias("o_end"))
-    j = late.with_columns(_lim=pl.col("ts_ns") + TOLERANCE_NS).join_asof(
-        cand.sort("o_end"), left_on="_lim", right_on="o_end", by=["rank", "device"],
-        strategy="backward", check_sortedness=False)
-    # the closest earlier end may be on the op's own stream; then nothing else explains it
-    j = j.filter(pl.col("o_node").is_not_null() & (pl.col("o_stream") != pl.col("stream"))
-                 & (pl.col("ts_ns") - pl.col("o_end") <= INFER_GAP_NS))
+    # The recorded op ran on another stream of the device, was launched before this op (the
+    # event was recorded before the wait call, which preceded this launch) and ended before it
+    # started. Ops of one stream run in launch order, so both conditions select a prefix of that
+    # stream's ops: the recorded op is the last of the shorter prefix.
+    dev = pl.col("device").fill_null(-1)
+    other = gpu.select("rank", dev.alias("_dev"), pl.col("stream").alias("o_stream")).unique()
+    q = (late.filter(pl.col("correlation").is_not_null())
+         .with_columns(_dev=dev, _corr=pl.col("correlation") - 1,
+                       _lim=pl.col("ts_ns") + TOLERANCE_NS)
+         .join(other, on=["rank", "_dev"]).filter(pl.col("o_stream") != pl.col("stream")))
+    ops = gpu.filter(pl.col("correlation").is_not_null()).select(
+        "rank", _dev=dev, o_stream="stream", _corr="correlation", o_node="node", o_end="end_ns")
+    by = ["rank", "_dev", "o_stream"]
+    by_corr = (ops.sort(*by, "_corr", "o_end", "o_node")
+               .group_by(*by, "_corr", maintain_order=True).last().sort("_corr"))
+    j = q.sort("_corr").join_asof(by_corr.rename({"o_node": "c_node", "o_end": "c_end"}),
+                                  on="_corr", by=by, strategy="backward",
+                                  check_sortedness=False)
+    j = j.sort("_lim").join_asof(
+        ops.select(*by, e_node="o_node", e_end="o_end").sort("e_end"), left_on="_lim",
+        right_on="e_end", by=by, strategy="backward", check_sortedness=False)
+    j = j.with_columns(
+        o_node=pl.when(pl.col("c_end") <= pl.col("e_end")).then("c_node").otherwise("e_node"),
+        o_end=pl.min_horizontal("c_end", "e_end"),
+    ).filter(pl.col("c_node").is_not_null() & pl.col("e_node").is_not_null()
+             & (pl.col("ts_ns") - pl.col("o_end") <= INFER_GAP_NS))
+    # several streams qualify: the one that ended last released the op
+    j = j.sort("o_end", "o_node").group_by("node", maintain_order=True).last()
     unlinked["event_wait_inferred"] = j.height
     return _edges(j, "o_node", "node", "event_wait")
 
 
-def _blocking_copy_edges(runtime: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
-    """Copies whose launching call returned only after the copy ended (synchronous memcpy,
-    pageable DtoH): src = copy, dst = the launching call (rewired to its next call later)."""
+def _blocking_copy_edges(
+    runtime: pl.DataFrame, gpu: pl.DataFrame, stream: pl.DataFrame
+) -> pl.DataFrame:
+    """Copy calls that waited for the GPU, found from the data (no sync record says so):
+
+    - pageable DtoH / HtoD (name `… Pageable …`, both readers) that ran, or at least started,
+      before the call returned: the driver stages them through pinned memory, so a DtoH call
+      returns only after its copy ran, and a large HtoD one once the stream reached its copy (the
+      last chunk may still be in flight). A small HtoD is staged at once and the call returns
+      without waiting (nsysai_2gpu_training_before: 13 µs calls, copies run 8–12 ms later): its
+      copy starts after the call returned, so no edge;
+    - any other copy (synchronous cudaMemcpy, cuMemcpyDtoH, hipMemcpyWithStream, whatever the
+      name) whose call returned 0–`BLOCKED_RETURN_NS` after the copy ended, having waited at least
+      `BLOCKED_MIN_NS` for GPU work: from the call's start when the copy was held back by its
+      stream predecessor (it started as that op ended, after the call began), else from the copy's
+      own start.
+
+    Call duration alone does not tell blocked from async calls: on an idle GPU an async
+    cudaMemcpyAsync DtoD of 4–65 µs starts as it is enqueued at the call's end and ends within
+    3 µs of the call's return (gpu_mcore_hostbound: 120 such, each copy ≤ 2.6 µs); the wait rule
+    leaves them host time.
+
+    Awaited op: the copy when it ended before the call returned; else (pageable HtoD returned with
+    its copy in flight, after it started) the op before it on its stream.
+    src = awaited op, dst = the call, via = the call."""
+    pred = stream.select(pl.col("dst").alias("copy"), pl.col("src").alias("pred")).join(
+        gpu.select(pl.col("node").alias("pred"), pl.col("end_ns").alias("pred_end")), on="pred")
     cp = gpu.filter(pl.col("kind").cast(pl.String) == "memcpy").select(
-        "rank", "correlation", copy="node", copy_end="end_ns")
-    r = runtime.select("rank", "correlation", call="node", call_end="end_ns")
-    j = cp.join(r, on=["rank", "correlation"], how="inner").filter(
-        pl.col("call_end") >= pl.col("copy_end"))
-    return _edges(j, "copy", "call", "sync", via="call")
+        "rank", "correlation", copy="node", copy_ts="ts_ns", copy_end="end_ns",
+        pageable=pl.col("name").str.contains(r"^Memcpy (DtoH|HtoD).*Pageable"))
+    r = runtime.select("rank", "correlation", call="node", call_ts="ts_ns", call_end="end_ns")
+    j = cp.join(r, on=["rank", "correlation"], how="inner").join(pred, on="copy", how="left")
+    held = ((pl.col("copy_ts") - pl.col("pred_end")).abs() <= TOLERANCE_NS) & (
+        pl.col("pred_end") > pl.col("call_ts"))
+    waited_from = pl.when(held.fill_null(False)).then("call_ts").otherwise("copy_ts")
+    j = j.with_columns(lag=pl.col("call_end") - pl.col("copy_end"),
+                       waited=pl.col("copy_end") - pl.max_horizontal(waited_from, "call_ts"))
+    # A pageable copy that ran within its call was waited on: only clock skew can put its end
+    # after the call's. For the others the return right after the copy is the evidence: tight.
+    done = pl.col("lag") >= -SYNC_TOLERANCE_NS
+    sync_copy = (pl.col("lag").is_between(-TOLERANCE_NS, BLOCKED_RETURN_NS)
+                 & (pl.col("waited") >= BLOCKED_MIN_NS))
+    waited_copy = j.filter((done & pl.col("pageable")) | sync_copy)
+    in_flight = j.filter(
+        pl.col("pageable") & ~done & (pl.col("copy_ts") <= pl.col("call_end") + SYNC_TOLERANCE_NS)
+        & (pl.col("pred_end") <= pl.col("call_end") + SYNC_TOLERANCE_NS))
+    return pl.concat([_edges(waited_copy, "copy", "call", "sync", via="call"),
+                      _edges(in_flight, "pred", "call", "sync", via="call")])
 
 
 def _prev_host_call(blocking: pl.DataFrame, host: pl.DataFrame) -> pl.DataFrame:
+    """Issue edge for a copy its own call waited on: from the call before (`blocking` holds only
+    copy → own call edges); `via` = the copy's own call, whose running time the gap before the
+    copy is (host time however long, never an unexplained wait)."""
     prev = host.select(pl.col("dst").alias("call"), pl.col("src").alias("prev"))
     j = blocking.select(pl.col("src").alias("copy"), pl.col("dst").alias("call")).join(
         prev, on="call", how="inner")
-    return _edges(j, "prev", "copy", "launch")
+    return _edges(j, "prev", "copy", "launch", via="call")
 
 
 def _offsets(trace: Trace, offsets_ns: dict[int, int] | None) -> dict[int, int]:
@@ -632,6 +732,11 @@ def release_constraint(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame
     )
 
 
+def tolerance_ns(kind: pl.Expr) -> pl.Expr:
+    """How far an edge of `kind` may release after its constraint before it is impossible."""
+    return pl.when(kind == "sync").then(pl.lit(SYNC_TOLERANCE_NS)).otherwise(pl.lit(TOLERANCE_NS))
+
+
 def _drop_time_inconsistent(
     edges: pl.DataFrame, nodes: pl.DataFrame, unlinked: dict[str, int]
 ) -> pl.DataFrame:
@@ -639,7 +744,7 @@ def _drop_time_inconsistent(
         return edges
     e = release_constraint(edges, nodes)
     # collective edges compare aligned clocks; their time check happened in matching.
-    ok = (pl.col("release_ns") <= pl.col("constraint_ns") + TOLERANCE_NS) | (
+    ok = (pl.col("release_ns") <= pl.col("constraint_ns") + tolerance_ns(pl.col("kind"))) | (
         pl.col("kind") == "collective")
     bad = e.filter(~ok)
     unlinked["time_inconsistent"] = bad.height

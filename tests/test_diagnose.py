@@ -87,11 +87,11 @@ def test_sections_hook_and_contract_window(tmp_path) -> None:
 
     def section(tr, steps, ctx):
         seen["ids"] = steps.ids
-        return {"critical_path": {"summary": "x"}, "ranks": {"count": 1}}
+        return {"extra_section": {"summary": "x"}}
 
     doc = diagnose_trace(trace(three_steps()), sections=[("cp", section)])
     check(doc)
-    assert doc["critical_path"] == {"summary": "x"} and seen["ids"] == [1, 2]
+    assert doc["extra_section"] == {"summary": "x"} and seen["ids"] == [1, 2]
     c = tmp_path / "contract.yaml"
     c.write_text("schema: moetune.contract/1\nwindow: {steady: '2:2'}\n")
     assert diagnose_trace(trace(three_steps()), contract=str(c))["steps"] == [2]
