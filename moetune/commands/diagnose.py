@@ -40,5 +40,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     else:
         render_diagnosis(doc)
+        shown = " ".join(str(p) for p in args.paths) if args.paths else "<trace>"
+        print(f"next: moetune recommend {shown} --contract FILE  ·  "
+              f"moetune audit --contract FILE {shown}", file=sys.stderr)
     render_warnings(doc.get("warnings", []))
     return 0
