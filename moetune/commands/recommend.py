@@ -135,13 +135,18 @@ def _from_traces(
         raise UserError("trace analysis is not available here: pass a saved diagnosis JSON") from None
     files = expand(list(inputs))
     trace = load_trace(list(inputs))
-    diagnosis = diagnose_trace(trace, files=files, contract=contract or None)
-    audit = None
-    if contract_path:
-        from analyzer.audit import audit_trace
-        from analyzer.contract import load_contract
+    if not contract_path:
+        return diagnose_trace(trace, files=files, contract=contract or None), None
+    from analyzer import diagnose as diag
+    from analyzer.audit import AuditRun
+    from analyzer.contract import load_contract
 
-        audit = audit_trace(load_contract(contract_path), trace, files=files)
+    # one diagnosis pass serves both: the audit measures its probes as a diagnose section
+    run = AuditRun(load_contract(contract_path), trace)
+    sections = [*diag.SECTIONS, ("audit", run.section)] if run.todo and run.gpu_rows else None
+    diagnosis = diagnose_trace(trace, files=files, contract=contract or None, sections=sections,
+                               classes=run.classes)
+    audit = run.document(diagnosis if sections else None, files=files)
     return diagnosis, audit
 
 
