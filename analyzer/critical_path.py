@@ -33,6 +33,7 @@ reasons while comm ran, or comm at the step's end that nothing waited on).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,7 @@ import polars as pl
 
 from analyzer import intervals as iv
 from analyzer.frames import Trace
-from analyzer.graph import TOLERANCE_NS, WALLS, TimelineGraph, build_graph
+from analyzer.graph import TOLERANCE_NS, WALLS, TimelineGraph, _no_gc, build_graph
 
 DEP_KINDS = ("event_wait", "stream", "sync")
 # Equal releases: prefer the stronger dependency.
@@ -213,22 +214,36 @@ def _gain(t: float, r: float) -> float | None:
     return None if t - r <= 0 else round(t / (t - r) - 1, 6)
 
 
-def _comm_split(view: _RankView, lo: int, hi: int, path: Sequence[Segment]) -> dict[str, int]:
-    ops = view.gpu_in(lo, hi).select(
-        "wall", start_ns=pl.col("ts_ns").clip(lower_bound=lo),
-        end_ns=pl.col("end_ns").clip(upper_bound=hi))
-    comm = ops.filter(pl.col("wall") == "communication").select("start_ns", "end_ns")
-    comp = ops.filter(pl.col("wall") == "compute").select("start_ns", "end_ns")
+def _comm_split(graph: TimelineGraph, win: pl.DataFrame, paths: dict[tuple[int, int], list[Segment]]
+                ) -> dict[tuple[int, int], dict[str, int]]:
+    """Per (rank, step) window: communication busy, hidden (∩ compute), blocking (blocking path
+    segments − compute, at most busy − hidden) and exposed ns, for every step in one pass of
+    interval algebra (GPU ops clipped to their window)."""
+    by = ["rank", "step"]
+    w = win.rename({"win_start_ns": "lo", "win_end_ns": "hi"})
+    ops = graph.nodes.filter(pl.col("is_gpu") & pl.col("wall").is_in(["communication", "compute"]))
+    ops = ops.select("rank", "wall", pl.col("ts_ns").alias(iv.START), pl.col("end_ns").alias(iv.END))
+    clipped = iv.clip(ops, w, on=["rank"], window_cols=["step"], start="lo", end="hi")
+    comm = clipped.filter(pl.col("wall") == "communication").drop("wall")
+    comp = clipped.filter(pl.col("wall") == "compute").drop("wall")
     blk = pl.DataFrame(
-        [(s.start_ns, s.end_ns) for s in path if s.blocking],
-        schema={"start_ns": pl.Int64, "end_ns": pl.Int64}, orient="row",
-    )
-    busy = iv.total_ns(comm)
-    hidden = iv.total_ns(iv.intersect(comm, comp)) if comm.height and comp.height else 0
-    blocking = iv.total_ns(iv.subtract(blk, comp)) if blk.height else 0
-    blocking = min(blocking, busy - hidden)
-    return {"busy": busy, "hidden": hidden, "blocking": blocking,
-            "exposed": busy - hidden - blocking}
+        [(s.rank, s.step, s.start_ns, s.end_ns) for p in paths.values() for s in p if s.blocking],
+        schema={"rank": pl.Int64, "step": pl.Int64, iv.START: pl.Int64, iv.END: pl.Int64},
+        orient="row",
+    ).with_columns(pl.col("rank").cast(comm.schema["rank"]), pl.col("step").cast(comm.schema["step"]))
+
+    def lengths(df: pl.DataFrame) -> dict[tuple[int, int], int]:
+        return {(r, st): n for r, st, n in iv.total(df, by=by).iter_rows()}
+
+    busy = lengths(comm)
+    hidden = lengths(iv.intersect(comm, comp, by=by))
+    blocking = lengths(iv.subtract(blk, comp, by=by))
+    out = {}
+    for key in paths:
+        b, h = busy.get(key, 0), hidden.get(key, 0)
+        bl = min(blocking.get(key, 0), b - h)
+        out[key] = {"busy": b, "hidden": h, "blocking": bl, "exposed": b - h - bl}
+    return out
 
 
 def analyze(
@@ -246,17 +261,18 @@ def analyze(
         lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
         window = (int(lo), int(hi)) if lo is not None else None
         graph = build_graph(trace, window=window, rank=None)
-    out = []
     views: dict[int, _RankView] = {}
-    for rank, step, lo, hi in win.iter_rows():
-        if rank not in views:
-            views[rank] = _view(graph, rank)
-        view = views[rank]
-        path = critical_path(graph, rank=rank, step=step, start_ns=lo, end_ns=hi, view=view)
-        out.append({"rank": rank, "step": step, "start_ns": lo, "end_ns": hi, "path": path,
-                    "walls": _walls_of(path),
-                    "comm": _comm_split(view, lo, hi, path)})
-    return out
+    paths: dict[tuple[int, int], list[Segment]] = {}
+    with _no_gc():  # the walks allocate millions of small objects and no cycles
+        for rank, step, lo, hi in win.iter_rows():
+            if rank not in views:
+                views[rank] = _view(graph, rank)
+            paths[(rank, step)] = critical_path(graph, rank=rank, step=step, start_ns=lo,
+                                                end_ns=hi, view=views[rank])
+    comm = _comm_split(graph, win, paths)
+    return [{"rank": rank, "step": step, "start_ns": lo, "end_ns": hi, "path": paths[(rank, step)],
+             "walls": _walls_of(paths[(rank, step)]), "comm": comm[(rank, step)]}
+            for rank, step, lo, hi in win.iter_rows()]
 
 
 def critical_path_section(
@@ -280,10 +296,10 @@ def critical_path_section(
     t = _mean([r["end_ns"] - r["start_ns"] for r in meds])
     walls = {w: _mean([r["walls"][w] for r in meds]) for w in (*WALLS, "other")}
     comm = {k: _mean([r["comm"][k] for r in meds]) for k in meds[0]["comm"]}
-    segs = sorted((s for r in res for s in r["path"]),
-                  key=lambda s: (-s.dur_ns, s.rank, s.step, s.start_ns))[:top]
-    edges = sorted((s for r in res for s in r["path"] if s.blocking),
-                   key=lambda s: (-s.dur_ns, s.rank, s.step, s.start_ns))[:TOP_EDGES]
+    # nsmallest(k, xs, key) == sorted(xs, key)[:k], without sorting every segment of every step
+    order = lambda s: (s.start_ns - s.end_ns, s.rank, s.step, s.start_ns)  # noqa: E731
+    segs = heapq.nsmallest(top, (s for r in res for s in r["path"]), key=order)
+    edges = heapq.nsmallest(TOP_EDGES, (s for r in res for s in r["path"] if s.blocking), key=order)
     names = _names(trace, [x for s in (*segs, *edges) for x in (s.node, s.waiter, s.via)])
     cp = {
         "length_s": _s(t),

@@ -34,24 +34,31 @@ def empty_intervals(by: Sequence[str] = (), schema: Mapping[str, pl.DataType] | 
     return pl.DataFrame(schema=cols)
 
 
+def _sort(df: pl.DataFrame, keys: Sequence[str], col: str) -> pl.DataFrame:
+    """Sorted by (*keys, col), rows tied on all of them in any order: one sort by `col`, then a
+    stable sort by the keys, ~3× faster than a multi-column sort on millions of rows."""
+    d = df.sort(col)
+    return d.sort(list(keys), maintain_order=True) if keys else d
+
+
 def union(df: pl.DataFrame, *, by: Sequence[str] = ()) -> pl.DataFrame:
     """Merge overlapping or touching intervals per group; empty and inverted ones are dropped."""
-    keys = _keys(by)
-    d = _with_key(df.select([*by, START, END]), by).filter(pl.col(END) > pl.col(START))
+    keys = list(by)
+    d = df.select([*keys, START, END]).filter(pl.col(END) > pl.col(START))
     if d.height == 0:
-        return _drop_key(d.select([*keys, START, END]), by)
-    d = d.sort([*keys, START, END])
-    prev_end = pl.col(END).cum_max().shift(1).over(keys)
-    brk = (prev_end.is_null() | (pl.col(START) > prev_end)).cast(pl.Int64)
-    out = (
-        d.with_columns(brk.alias("_brk"))
-        .with_columns(pl.col("_brk").cum_sum().over(keys).alias("_run"))
-        .group_by([*keys, "_run"], maintain_order=True)
-        .agg(pl.col(START).min(), pl.col(END).max())
-        .drop("_run")
-        .sort([*keys, START])
-    )
-    return _drop_key(out, by)
+        return d
+    # (keys, start) order; among equal starts the order is free: a tie never opens a new run
+    d = _sort(d, keys, START)
+    reach = pl.col(END).cum_max()
+    d = d.with_columns((reach.over(keys) if keys else reach).alias("_reach"))
+    brk = (pl.col(START) > pl.col("_reach").shift(1)).fill_null(True)
+    for k in keys:
+        brk = brk | pl.col(k).ne_missing(pl.col(k).shift(1))
+    d = d.with_columns(brk.alias("_brk"))
+    # a run opens on a break row and closes on the row before the next break
+    first = d.filter(pl.col("_brk")).select([*keys, START])
+    last = d.filter(pl.col("_brk").shift(-1).fill_null(True)).get_column("_reach")
+    return first.with_columns(last.alias(END))
 
 
 def total(df: pl.DataFrame, *, by: Sequence[str] = ()) -> pl.DataFrame:
@@ -69,29 +76,31 @@ def total_ns(df: pl.DataFrame) -> int:
     return int(u.select((pl.col(END) - pl.col(START)).sum()).item() or 0)
 
 
-def sweep(layers: Mapping[str, pl.DataFrame], *, by: Sequence[str] = ()) -> pl.DataFrame:
+def sweep(
+    layers: Mapping[str, pl.DataFrame], *, by: Sequence[str] = (), unioned: bool = False
+) -> pl.DataFrame:
     """Elementary segments of all layers' boundaries, with one Boolean column per layer telling
-    whether that layer covers the segment. Segments covered by no layer are dropped."""
+    whether that layer covers the segment. Segments covered by no layer are dropped.
+    `unioned=True`: each layer is already a union per group (disjoint, non-touching), skip it."""
     keys = _keys(by)
     names = list(layers)
     points = []
     for name, df in layers.items():
-        u = _with_key(union(df, by=by), by)
+        u = _with_key(df.select([*by, START, END]) if unioned else union(df, by=by), by)
         zeros = {n: pl.lit(0, dtype=pl.Int64) for n in names}
         for col, sign in ((START, 1), (END, -1)):
             d = {**zeros, name: pl.lit(sign, dtype=pl.Int64)}
             points.append(u.select([*keys, pl.col(col).alias("t"), *[v.alias(k) for k, v in d.items()]]))
     if not points:
         return _drop_key(empty_intervals(keys), by)
-    pts = (
-        pl.concat(points, how="vertical_relaxed")
-        .group_by([*keys, "t"])
-        .agg([pl.col(n).sum() for n in names])
-        .sort([*keys, "t"])
-    )
+    # Every interval adds +1 and −1 inside its own group, so a running sum over the (keys, t)
+    # order never carries across groups, and among points of equal t only the last row's sum
+    # (the full one) starts a segment of non-zero length: no group_by, no window per group.
+    # A group's last row sums to 0 everywhere, so its segment into the next group is dropped.
+    pts = _sort(pl.concat(points, how="vertical_relaxed"), keys, "t")
     seg = pts.with_columns(
-        *[pl.col(n).cum_sum().over(keys) for n in names],
-        pl.col("t").shift(-1).over(keys).alias(END),
+        *[pl.col(n).cum_sum() for n in names],
+        pl.col("t").shift(-1).alias(END),
     ).rename({"t": START})
     seg = seg.filter(pl.col(END).is_not_null() & (pl.col(END) > pl.col(START)))
     seg = seg.with_columns([(pl.col(n) > 0) for n in names])
@@ -114,6 +123,67 @@ def subtract(a: pl.DataFrame, b: pl.DataFrame, *, by: Sequence[str] = ()) -> pl.
     return _select({"a": a, "b": b}, pl.col("a") & ~pl.col("b"), by)
 
 
+def disjoint(windows: pl.DataFrame, *, on: Sequence[str], start: str, end: str) -> bool:
+    """True when, per `on` group, windows are non-empty and, sorted by start, each ends by the
+    next one's start: then an instant lies in at most one window, found by one as-of join."""
+    if windows.height == 0:
+        return True
+    w = windows.select([*on, start, end])
+    if w.null_count().sum_horizontal().item() or w.filter(pl.col(end) <= pl.col(start)).height:
+        return False
+    keys = _keys(on)
+    w = _with_key(w, on).sort([*keys, start])
+    nxt = pl.col(start).shift(-1).over(keys)
+    return w.filter(nxt.is_not_null() & (pl.col(end) > nxt)).height == 0
+
+
+def _index_windows(windows: pl.DataFrame, on: Sequence[str], start: str) -> pl.DataFrame:
+    keys = _keys(on)
+    return (
+        _with_key(windows, on)
+        .sort([*keys, start])
+        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(keys).alias("_wi"))
+    )
+
+
+def locate(
+    df: pl.DataFrame,
+    windows: pl.DataFrame,
+    *,
+    on: Sequence[str],
+    at: str,
+    start: str = "win_start_ns",
+    end: str = "win_end_ns",
+    keep: Sequence[str] = (),
+) -> pl.DataFrame:
+    """Rows of `df` whose `at` lies in a window [start, end) of the same `on` keys, with the
+    window's `keep` columns, in `df`'s row order (a row inside k windows appears k times).
+
+    Disjoint windows (the usual step tiling): one as-of join, O(rows), instead of the
+    rows × windows join and filter, which does not fit in memory on 10 M-event exports."""
+    w = windows.select([*on, *keep, start, end])
+    if not disjoint(w, on=on, start=start, end=end):
+        j = df.with_row_index("_row").join(w, on=list(on), how="inner")
+        j = j.filter((pl.col(at) >= pl.col(start)) & (pl.col(at) < pl.col(end)))
+        j = j.sort("_row", start, maintain_order=True).drop("_row")
+        return j.drop([c for c in (start, end) if c not in keep])
+    keys = _keys(on)
+    cols = df.columns
+    d = _with_key(df, on).with_row_index("_row").filter(pl.col(at).is_not_null())
+    if not d.get_column(at).is_sorted():
+        d = d.sort(at)
+    right = _with_key(w, on).sort(start).rename({start: "_ws", end: "_we"})
+    j = d.join_asof(
+        right, left_on=at, right_on="_ws", by=keys, strategy="backward", check_sortedness=False
+    )
+    j = j.filter(pl.col("_ws").is_not_null() & (pl.col(at) < pl.col("_we"))).sort("_row")
+    if start in keep:
+        j = j.with_columns(pl.col("_ws").alias(start))
+    if end in keep:
+        j = j.with_columns(pl.col("_we").alias(end))
+    return j.select([*cols, *[c for c in (*keep,) if c not in cols]])
+
+
 def clip(
     df: pl.DataFrame,
     windows: pl.DataFrame,
@@ -125,14 +195,48 @@ def clip(
 ) -> pl.DataFrame:
     """Cut intervals to each window they overlap. `windows` has `on` (join keys, e.g. rank),
     `window_cols` (kept, e.g. step) and the window bounds; an interval spanning two windows
-    yields one piece per window."""
+    yields one piece per window. Rows come out in no particular order."""
     w = windows.select([*on, *window_cols, start, end])
-    j = df.join(w, on=list(on), how="inner")
+    if not disjoint(w, on=on, start=start, end=end):
+        j = df.join(w, on=list(on), how="inner")
+    else:
+        j = _clip_candidates(df, w, on=on, start=start, end=end)
     j = j.filter((pl.col(START) < pl.col(end)) & (pl.col(END) > pl.col(start)))
     return j.with_columns(
         pl.max_horizontal(START, start).alias(START),
         pl.min_horizontal(END, end).alias(END),
     ).drop([start, end])
+
+
+def _clip_candidates(
+    df: pl.DataFrame, w: pl.DataFrame, *, on: Sequence[str], start: str, end: str
+) -> pl.DataFrame:
+    """Each interval paired with the run of disjoint windows it may overlap: from the first window
+    ending after its start to the last one starting before its end (as-of joins, O(rows)). Only
+    the few intervals crossing a window boundary yield more than one pair."""
+    keys = _keys(on)
+    wi = _index_windows(w, on, start)
+    d = _with_key(df, on).filter(pl.col(START).is_not_null() & pl.col(END).is_not_null())
+    lo = d.with_columns((pl.col(START) + 1).alias("_k")).sort("_k").join_asof(
+        wi.select([*keys, pl.col(end).alias("_k"), pl.col("_wi").alias("_lo")]).sort("_k"),
+        on="_k", by=keys, strategy="forward", check_sortedness=False,
+    )
+    both = lo.with_columns((pl.col(END) - 1).alias("_k")).sort("_k").join_asof(
+        wi.select([*keys, pl.col(start).alias("_k"), pl.col("_wi").alias("_hi")]).sort("_k"),
+        on="_k", by=keys, strategy="backward", check_sortedness=False,
+    ).drop("_k")
+    both = both.filter(pl.col("_lo").is_not_null() & pl.col("_hi").is_not_null()
+                       & (pl.col("_lo") <= pl.col("_hi")))
+    one = both.filter(pl.col("_lo") == pl.col("_hi")).rename({"_lo": "_wi"}).drop("_hi")
+    many = (
+        both.filter(pl.col("_lo") < pl.col("_hi"))
+        .with_columns(pl.int_ranges("_lo", pl.col("_hi") + 1).alias("_wi"))
+        .drop("_lo", "_hi")
+        .explode("_wi")
+    )
+    cand = pl.concat([one, many.select(one.columns)])
+    j = cand.join(wi, on=[*keys, "_wi"], how="inner")
+    return _drop_key(j.drop("_wi"), on)
 
 
 def complement(df: pl.DataFrame, windows: pl.DataFrame, *, by: Sequence[str]) -> pl.DataFrame:

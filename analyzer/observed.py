@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.frames import GPU_KINDS, require
-from analyzer.intervals import END, START, clip, sweep, total, union
+from analyzer.intervals import END, START, clip, locate, sweep, total, union
 
 NS = 1e-9
 
@@ -19,12 +19,8 @@ NS = 1e-9
 def in_windows(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """GPU rows starting inside an analyzed step window (with their step)."""
     win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
-    return (
-        events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS))
-        .join(win, on="rank", how="inner")
-        .filter((pl.col("ts_ns") >= pl.col("win_start_ns")) & (pl.col("ts_ns") < pl.col("win_end_ns")))
-        .drop("win_start_ns", "win_end_ns")
-    )
+    gpu = events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS))
+    return locate(gpu, win, on=["rank"], at="ts_ns", keep=["step"])
 
 
 def _stat(df: pl.DataFrame) -> dict[str, Any]:

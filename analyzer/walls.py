@@ -22,7 +22,7 @@ import polars as pl
 
 from analyzer.classify import KernelClasses, load_classes, match_expr
 from analyzer.frames import GPU_KINDS, require
-from analyzer.intervals import END, START, clip, sweep, union
+from analyzer.intervals import END, START, clip, locate, sweep, union
 
 BY = ["rank", "step"]
 WALL_KEYS = ("compute", "communication", "memory", "host")
@@ -105,13 +105,20 @@ def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     u = union(_iv(gpu), by=["rank"]).with_columns(
         pl.col(END).shift(1).over("rank").alias("gap_start")
     ).filter(pl.col("gap_start").is_not_null() & (pl.col(START) > pl.col("gap_start")))
-    # the op(s) that end each gap, and when their launch call returned
-    launches = events.filter(
-        (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()
-    ).group_by(["rank", "correlation"]).agg((pl.col("ts_ns") + pl.col("dur_ns")).min().alias("launch_end"))
+    # the op(s) that end each gap, and when their launch call returned (only ops that end a
+    # gap are looked up: a few % of the GPU rows)
+    ops = gpu.select("rank", "correlation", pl.col("ts_ns").alias(START)).join(
+        u.select("rank", START), on=["rank", START], how="semi"
+    )
+    launches = (
+        events.filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+        .select("rank", "correlation", "ts_ns", "dur_ns")
+        .join(ops.select("rank", "correlation"), on=["rank", "correlation"], how="semi")
+        .group_by(["rank", "correlation"])
+        .agg((pl.col("ts_ns") + pl.col("dur_ns")).min().alias("launch_end"))
+    )
     first_ops = (
-        gpu.select("rank", "correlation", pl.col("ts_ns").alias(START))
-        .join(launches, on=["rank", "correlation"], how="inner")
+        ops.join(launches, on=["rank", "correlation"], how="inner")
         .group_by(["rank", START])
         .agg(pl.col("launch_end").min())
     )
@@ -141,11 +148,16 @@ def attribute_walls(
     rc = recompute if recompute is not None else recompute_launches(events)
     layers = gpu_layers(events, rc) | host_layers(events)
     win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
+    # one integer key per (rank, step): the sweep then sorts by a single column (2–3× faster)
+    wid = win.with_columns(pl.struct(BY).rank("dense").cast(pl.Int64).alias("_wid"))
     clipped = {
-        k: clip(union(v, by=["rank"]), win, on=["rank"], window_cols=["step"]) for k, v in layers.items()
+        k: clip(union(v, by=["rank"]), wid, on=["rank"], window_cols=["_wid"]).drop("rank")
+        for k, v in layers.items()
     }
-    clipped["win"] = win.select("rank", "step", pl.col("win_start_ns").alias(START), pl.col("win_end_ns").alias(END))
-    seg = sweep(clipped, by=BY)
+    clipped["win"] = wid.select("_wid", pl.col("win_start_ns").alias(START), pl.col("win_end_ns").alias(END))
+    # clipped pieces of per-rank unions are unions per (rank, step) already; windows are one
+    # interval per (rank, step)
+    seg = sweep(clipped, by=["_wid"], unioned=True)
     c, r, m, k = pl.col("c"), pl.col("rc"), pl.col("comm"), pl.col("mem")
     busy = c | r | m | k
     idle = pl.col("win") & ~busy
@@ -164,7 +176,8 @@ def attribute_walls(
         "launch_starved_ns": idle & ~pl.col("sync") & pl.col("starved"),
     }
     seg = seg.filter(pl.col("win"))
-    agg = seg.group_by(BY).agg([(length * e.cast(pl.Int64)).sum().alias(n) for n, e in parts.items()])
+    agg = seg.group_by("_wid").agg([(length * e.cast(pl.Int64)).sum().alias(n) for n, e in parts.items()])
+    agg = wid.select(*BY, "_wid").unique().join(agg, on="_wid", how="inner").drop("_wid")
     out = win.with_columns((pl.col("win_end_ns") - pl.col("win_start_ns")).alias("wall_ns")).join(
         agg, on=BY, how="left"
     )
@@ -183,19 +196,16 @@ def attribute_walls(
 def _counts(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Kernels starting in each window, launch calls in each host step, median kernel duration."""
     win = steps.select("rank", "step", "win_start_ns", "win_end_ns", "start_ns", "end_ns")
+    kern = events.filter(pl.col("kind") == "kernel").select("rank", "ts_ns", "dur_ns")
     k = (
-        events.filter(pl.col("kind") == "kernel")
-        .select("rank", "ts_ns", "dur_ns")
-        .join(win, on="rank")
-        .filter((pl.col("ts_ns") >= pl.col("win_start_ns")) & (pl.col("ts_ns") < pl.col("win_end_ns")))
+        locate(kern, win, on=["rank"], at="ts_ns", keep=["step"])
         .group_by(BY)
         .agg(pl.len().alias("kernels"), pl.col("dur_ns").median().alias("median_kernel_ns"))
     )
+    calls = events.filter(pl.col("rclass").cast(pl.String).is_in(["launch", "graph_launch"]))
     la = (
-        events.filter(pl.col("rclass").cast(pl.String).is_in(["launch", "graph_launch"]))
-        .select("rank", "ts_ns")
-        .join(win, on="rank")
-        .filter((pl.col("ts_ns") >= pl.col("start_ns")) & (pl.col("ts_ns") < pl.col("end_ns")))
+        locate(calls.select("rank", "ts_ns"), win, on=["rank"], at="ts_ns", keep=["step"],
+               start="start_ns", end="end_ns")
         .group_by(BY)
         .agg(pl.len().alias("launches"))
     )
