@@ -23,7 +23,7 @@ import polars as pl
 import yaml
 
 from analyzer.classify import KernelClasses, load_classes, match_expr
-from analyzer.contract import Contract, load_contract
+from analyzer.contract import MISSING, Contract, load_contract, lookup
 from analyzer.frames import GPU_KINDS, Trace
 from analyzer.intervals import END, START, intersect, total_ns, union
 from moetune import __version__
@@ -38,7 +38,6 @@ SCHEMA_ID = "moetune.audit/1"
 VERDICTS = ("confirmed", "contradicted", "unobservable")
 NS = 1e-9
 MAX_EXAMPLES = 5
-_MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,15 +143,6 @@ def claim_of(sig: Mapping[str, Any], claims: Mapping[str, Any]) -> tuple[str, di
     return None
 
 
-def lookup(facts: Mapping[str, Any], path: str) -> Any:
-    node: Any = facts
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
-
-
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "eq": lambda a, b: a == b,
     "ne": lambda a, b: a != b,
@@ -175,10 +165,10 @@ def holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
     value = lookup(facts, cond["path"])
     op = cond["op"]
     if op == "exists":
-        return value is not _MISSING
+        return value is not MISSING
     if op == "missing":
-        return value is _MISSING
-    if value is _MISSING or (value is None and op not in ("eq", "ne")):
+        return value is MISSING
+    if value is MISSING or (value is None and op not in ("eq", "ne")):
         return False
     try:
         return bool(_OPS[op](value, cond.get("value")))
@@ -477,7 +467,7 @@ class AuditRun:
                 verdict, reason = judge(sig, expects, facts)
             else:
                 verdict, reason = "unobservable", "the trace holds no GPU events (CPU-only profile?)"
-            shown = {p: (None if (v := lookup(facts, p)) is _MISSING else v) for p in sig.get("show", [])}
+            shown = {p: (None if (v := lookup(facts, p)) is MISSING else v) for p in sig.get("show", [])}
             verdicts[sig["claim"]["arg"]] = {
                 "verdict": verdict,
                 "claimed": thaw(claimed),

@@ -27,7 +27,7 @@ from moetune.errors import UserError
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "contract.schema.json"
 SCHEMA_ID = "moetune.contract/1"
 Severity = Literal["error", "warning"]
-_MISSING = object()
+MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ class Contract:
     def get(self, path: str, default: Any = None) -> Any:
         """Value at a dotted path (`shape.static`, `megatron_args.moe_grouped_gemm`) or `default`."""
         value = lookup(self.raw, path)
-        return default if value is _MISSING else value
+        return default if value is MISSING else value
 
     def section(self, name: str) -> Mapping[str, Any]:
         value = self.raw.get(name)
@@ -121,7 +121,7 @@ def lookup(doc: Mapping[str, Any], path: str) -> Any:
     node: Any = doc
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
+            return MISSING
         node = node[part]
     return node
 
@@ -132,7 +132,7 @@ def effective_args(doc: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = dict(margs) if isinstance(margs, Mapping) else {}
     for path, arg in arg_mirrors():
         value = lookup(doc, path)
-        if value is not _MISSING and arg not in out:
+        if value is not MISSING and arg not in out:
             out[arg] = value
     precision = doc.get("precision")
     if isinstance(precision, Mapping) and precision.get("params") in ("bf16", "fp16"):
@@ -233,7 +233,7 @@ def benchmark_only_reasons(doc: Mapping[str, Any]) -> list[tuple[str, Any, str]]
     out = []
     for rule in contract_schema()["x-benchmark-only-when"]:
         value = lookup(doc, rule["path"])
-        if value is not _MISSING and value == rule["equals"] and type(value) is type(rule["equals"]):
+        if value is not MISSING and value == rule["equals"] and type(value) is type(rule["equals"]):
             out.append((rule["path"], value, rule["why"]))
     return out
 
@@ -258,7 +258,7 @@ def _mirror_problems(doc: Mapping[str, Any]) -> list[Problem]:
     out = []
     for path, arg in arg_mirrors():
         value = lookup(doc, path)
-        if value is _MISSING or arg not in margs:
+        if value is MISSING or arg not in margs:
             continue
         other = margs[arg]
         if isinstance(value, list) and isinstance(other, list | tuple):
