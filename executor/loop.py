@@ -239,10 +239,17 @@ def candidate_changes(recs: list[dict[str, Any]], tries: Sequence[str]) -> list[
     out: list[dict[str, Any]] = []
     for t in tries:
         ch = parse_change(t)
-        out.append({"changes": [ch], "label": ch.label, "source": "user",
-                    "predicted_gain": None})
+        # a rule proposing the very same change lends its prediction (predicted vs measured)
+        same = next((r for r in recs if parse_change(f"{r['knob']}={_text(r['value'])}").label
+                     == ch.label), None)
+        out.append({"changes": [ch], "label": ch.label,
+                    "source": f"user ({same['source']})" if same else "user",
+                    "predicted_gain": same.get("predicted_gain") if same else None})
+    tried = {c["label"] for c in out}
     for r in recs:
         ch = [parse_change(f"{r['knob']}={_text(r['value'])}")]
+        if ch[0].label in tried:  # already first in line as the user's --try
+            continue
         ch += [parse_change(f"{k}={_text(v)}") for k, v in (r.get("with") or {}).items()]
         out.append({"changes": ch, "label": ch[0].label, "source": r.get("source"),
                     "predicted_gain": r.get("predicted_gain")})

@@ -119,6 +119,11 @@ def test_candidate_order_round_contract_and_session_id(tmp_path: Path) -> None:
     assert [c["label"] for c in cands] == ["moe_grouped_gemm=true", "cuda_graph_impl=transformer_engine",
                                            "micro_batch_size=2"]
     assert [ch.knob.name for ch in cands[1]["changes"]] == ["cuda_graph_impl", "cuda_graph_modules"]
+    assert cands[0]["source"] == "user" and cands[0]["predicted_gain"] is None
+    # a --try that a rule also proposes carries the rule's prediction and is tried once
+    both = candidate_changes(recs, ["micro_batch_size=2"])
+    assert [c["label"] for c in both] == ["micro_batch_size=2", "cuda_graph_impl=transformer_engine"]
+    assert both[0]["source"] == "user (host.larger-micro-batch)" and both[0]["predicted_gain"] == 0.5
     con = {"megatron_args": {"micro_batch_size": 1}}
     accepted = [{"change": {"knob": "micro_batch_size", "value": 8, "with": {}}}]
     assert _round_contract(con, accepted)["megatron_args"]["micro_batch_size"] == 8
