@@ -4,7 +4,9 @@ Speed matters (traces reach GBs): msgspec decodes straight into Structs that dec
 fields we use, so unknown keys (`metadata`, env blocks, `Input Dims`, …) are skipped without ever
 becoming Python objects, and columns are built with one list comprehension each. Only whitelisted
 top-level fields (`distributedInfo`, `deviceProperties`, `baseTimeNanoseconds`) are decoded at all:
-harness metadata may carry credentials (trace-formats.md §1.1).
+harness metadata may carry credentials (trace-formats.md §1.1). Files above `RAW_MIN_BYTES` keep
+`traceEvents` as raw slices of the mmap and decode them `CHUNK` events at a time, so only one
+chunk's Structs are alive (peak RSS −10…30 %, same CPU; bench/README.md).
 
 Robustness: a file whose fields have unexpected types (strings for numbers, lists for scalars,
 `null` events) is re-decoded generically and sanitized field by field; invalid UTF-8 is decoded
@@ -157,20 +159,45 @@ class _Doc(msgspec.Struct, gc=False):
 _DOC_DECODER = msgspec.json.Decoder(_Doc)
 
 
+class _RawDoc(msgspec.Struct, gc=False):
+    """Fast path: events left as raw JSON slices, decoded `CHUNK` at a time so that only one
+    chunk's Structs (≈0.5 KB per event with their ints and strings) are alive at once."""
+
+    traceEvents: list[msgspec.Raw] | None = None
+    deviceProperties: list[_Device] | None = None
+    distributedInfo: _Dist | None = None
+    baseTimeNanoseconds: Num = None
+
+
+_RAW_DOC_DECODER = msgspec.json.Decoder(_RawDoc)
+_EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
+CHUNK = 32768
+RAW_MIN_BYTES = 16 << 20  # ≈ 64k events of Kineto's ~250 bytes
+
+
+class _SlowPath(Exception):
+    """A chunk the typed decoder rejects: the whole file goes through `_decode` instead."""
+
+
 def read_kineto(path: Path, *, default_rank: int) -> Trace:
     """Read one Kineto trace (`.json` or `.json.gz`) into canonical frames.
 
     The rank is `distributedInfo.rank` when the file has one, else `default_rank`.
     """
     path = Path(path)
-    doc, warnings = _load(path)
+    doc, data, warnings = _load(path)
     if doc.traceEvents is None:
         raise UserError("not a Kineto trace (no traceEvents list)", path=path)
+    try:
+        raw, side = _columns(doc.traceEvents)
+    except _SlowPath:  # some event has unexpected types or bad UTF-8: the whole file, leniently
+        doc, warnings = _decode(data, path)
+        raw, side = _columns(doc.traceEvents)
+    del data
     rank = _i32(doc.distributedInfo.rank if doc.distributedInfo else None)
     rank = default_rank if rank is None else rank
     base_ns = _as_int(doc.baseTimeNanoseconds) or 0
 
-    raw, side = _columns(doc.traceEvents)
     dist, devices = doc.distributedInfo, doc.deviceProperties or []
     del doc  # drop the per-event objects before the frames are derived
     raw = raw.with_columns(
@@ -187,12 +214,13 @@ def read_kineto(path: Path, *, default_rank: int) -> Trace:
         warnings.append(f"{no_ts} event(s) without a usable timestamp dropped")
     if n_absurd:
         warnings.append(f"{n_absurd} event(s) with duration > 7 days dropped (CUPTI overflow)")
+    flows = _flows(raw.join(side["flow"], on="row", how="inner"), rank)
     timed = raw.filter(is_timed & pl.col("ts_ns").is_not_null() & ~absurd)
+    del raw  # lower peak memory: only the timed rows are needed from here on
     timed = timed.join(side["gpu"], on="row", how="left")
 
     # Lazy for the events frame: derivations and the final casts run as one query.
     events = _events(timed.lazy(), rank)
-    flows = _flows(raw.join(side["flow"], on="row", how="inner"), rank)
     comms = _comms(timed.join(side["meta"], on="row", how="inner"), events, rank)
     ranks = _ranks(dist, devices, events, rank, path)
     return Trace(events=events, comms=comms, flows=flows, ranks=ranks, warnings=tuple(warnings))
@@ -201,26 +229,37 @@ def read_kineto(path: Path, *, default_rank: int) -> Trace:
 # --------------------------------------------------------------------------- reading and decoding
 
 
-def _load(path: Path) -> tuple[_Doc, list[str]]:
-    """Decode the file; plain JSON is decoded straight from an mmap (no 1× copy of the file)."""
+def _load(path: Path) -> tuple[_Doc | _RawDoc, bytes | mmap.mmap, list[str]]:
+    """Decode the file's top level with `traceEvents` as raw JSON slices (decoded in chunks by
+    `_columns`); a file the fast path rejects is decoded whole by `_decode` (lenient, exact
+    error messages)."""
     try:
         with path.open("rb") as fh:
             if fh.read(2) == b"\x1f\x8b":
                 fh.seek(0)
                 try:
-                    return _decode(gzip.decompress(fh.read()), path)
+                    data = gzip.decompress(fh.read())
                 except (OSError, EOFError, zlib.error) as exc:
                     raise UserError(f"corrupt or truncated gzip ({exc})", path=path) from None
-            if os.fstat(fh.fileno()).st_size == 0:
-                raise UserError("is empty", path=path)
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                return _decode(mm, path)
+            else:
+                if os.fstat(fh.fileno()).st_size == 0:
+                    raise UserError("is empty", path=path)
+                # No `with`: the raw event slices are views of the map, which lives as long as
+                # they do (and no 1× copy of the file is made).
+                data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         raise UserError("no such file", path=path) from None
     except IsADirectoryError:
         raise UserError("is a directory where a file was expected", path=path) from None
     except OSError as exc:
         raise UserError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    # Small files: one typed decode (the raw slices' extra pass would not pay for itself).
+    decoder = _RAW_DOC_DECODER if len(data) > RAW_MIN_BYTES else _DOC_DECODER
+    try:
+        return decoder.decode(data), data, []
+    except msgspec.DecodeError:  # includes ValidationError
+        doc, warnings = _decode(data, path)
+        return doc, data, warnings
 
 
 def _decode(data: bytes | mmap.mmap, path: Path) -> tuple[_Doc, list[str]]:
@@ -358,8 +397,32 @@ GPU_ARG_FIELDS = (
 )
 
 
-def _columns(evs: list[_Event]) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
-    """One column per field we use, straight from the Structs.
+def _columns(
+    evs: list[msgspec.Raw] | list[_Event],
+) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
+    """The columns of all events, built `CHUNK` events at a time (raw slices decoded per chunk,
+    so the Structs of one chunk only are alive); `_SlowPath` if a chunk fails typed decoding."""
+    parts: list[tuple[pl.DataFrame, dict[str, pl.DataFrame]]] = []
+    for base in range(0, len(evs), CHUNK):
+        chunk = evs[base : base + CHUNK]
+        if chunk and isinstance(chunk[0], msgspec.Raw):
+            try:
+                chunk = _EVENTS_DECODER.decode(b"[" + b",".join(chunk) + b"]")
+            except msgspec.DecodeError:  # includes ValidationError
+                raise _SlowPath from None
+        parts.append(_chunk_columns(chunk, base))
+        del chunk
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return _chunk_columns([], 0)
+    return pl.concat([p[0] for p in parts]), {
+        k: pl.concat([p[1][k] for p in parts]) for k in parts[0][1]
+    }
+
+
+def _chunk_columns(evs: list[_Event], base: int) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
+    """One column per field we use, straight from the Structs; rows numbered from `base`.
 
     Full passes only for fields every event needs; fields of a few categories (GPU args, flow ids,
     collective metadata) are read for those rows alone, found by a vectorized filter.
@@ -385,11 +448,11 @@ def _columns(evs: list[_Event]) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
     # Fields of a few categories go to small side frames keyed by row, joined where needed
     # (cheaper than full-length null columns). Index with plain lists: iterating a polars
     # Series from Python is per-element slow.
-    df = df.with_row_index("row")
+    df = df.with_row_index("row", offset=base)
     idx = rows.get_column("flow").arg_true().to_list()
     flow = pl.DataFrame(
         [
-            pl.Series("row", idx, dtype=pl.UInt32),
+            _row_series(idx, base),
             _num_series("id", [evs[i].id for i in idx], pl.Int64),
         ]
     )
@@ -397,7 +460,7 @@ def _columns(evs: list[_Event]) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
     sub = [evs[i].args for i in idx]
     gpu = pl.DataFrame(
         [
-            pl.Series("row", idx, dtype=pl.UInt32),
+            _row_series(idx, base),
             *(_num_series(f, list(map(attrgetter(f), sub)), pl.Int64) for f in GPU_ARG_FIELDS),
         ]
     )
@@ -409,7 +472,7 @@ def _columns(evs: list[_Event]) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
     sub = [sub[j] for j in keep]
     meta = pl.DataFrame(
         [
-            pl.Series("row", [idx[j] for j in keep], dtype=pl.UInt32),
+            _row_series([idx[j] for j in keep], base),
             _str_series("collective", [a.collective for a in sub]),
             *(
                 _num_series(f, list(map(attrgetter(f), sub)), pl.Int64)
@@ -426,6 +489,11 @@ def _columns(evs: list[_Event]) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
         ]
     )
     return df, {"flow": flow, "gpu": gpu, "meta": meta}
+
+
+def _row_series(idx: list[int], base: int) -> pl.Series:
+    s = pl.Series("row", idx, dtype=pl.UInt32)
+    return (s + base).cast(pl.UInt32) if base else s
 
 
 def _split_str(v: StrOrList) -> str | None:
