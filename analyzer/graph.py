@@ -357,24 +357,7 @@ def _last_op_before(
 ) -> pl.DataFrame:
     """For each query row, the GPU op on (rank, stream_col) launched last with correlation
     < corr_col (the op that ends latest among ops sharing that correlation). Adds `waited`."""
-    ops = (
-        gpu.filter(pl.col("correlation").is_not_null() & pl.col("stream").is_not_null())
-        .sort("rank", "stream", "correlation", "end_ns", "node")
-        .group_by("rank", "stream", "correlation", maintain_order=True)
-        .agg(waited=pl.col("node").last())
-        .sort("correlation")
-    )
-    q = queries.with_columns(
-        pl.col(stream_col).cast(pl.Int64).alias("_stream"),
-        (pl.col(corr_col).cast(pl.Int64) - 1).alias("_corr"),
-    ).filter(pl.col("_stream").is_not_null() & pl.col("_corr").is_not_null())
-    if q.height == 0 or ops.height == 0:
-        return q.with_columns(waited=pl.lit(None, dtype=pl.Int64)).drop("_stream", "_corr")
-    out = q.sort("_corr").join_asof(
-        ops.rename({"stream": "_stream", "correlation": "_corr"}),
-        on="_corr", by=["rank", "_stream"], strategy="backward", check_sortedness=False,
-    )
-    return out.drop("_stream", "_corr")
+    return _op_by_correlation(queries, gpu, stream_col=stream_col, corr_col=corr_col, after=False)
 
 
 def _first_op_after(
@@ -382,22 +365,34 @@ def _first_op_after(
 ) -> pl.DataFrame:
     """For each query row, the first GPU op launched on (rank, stream_col) with correlation
     > corr_col (the earliest-starting one among ops sharing it). Adds `waiter`."""
+    return _op_by_correlation(queries, gpu, stream_col=stream_col, corr_col=corr_col, after=True)
+
+
+def _op_by_correlation(
+    queries: pl.DataFrame, gpu: pl.DataFrame, *, stream_col: str, corr_col: str, after: bool
+) -> pl.DataFrame:
+    """The nearest launch on the same (rank, stream) strictly before (`waited`) or after
+    (`waiter`) each query's correlation; a graph replay's ops share one correlation, so the
+    representative is the latest-ending op (before) or the earliest-starting one (after)."""
+    out_col, time_col, shift = ("waiter", "ts_ns", 1) if after else ("waited", "end_ns", -1)
+    pick = pl.col("node").first() if after else pl.col("node").last()
     ops = (
         gpu.filter(pl.col("correlation").is_not_null() & pl.col("stream").is_not_null())
-        .sort("rank", "stream", "correlation", "ts_ns", "node")
+        .sort("rank", "stream", "correlation", time_col, "node")
         .group_by("rank", "stream", "correlation", maintain_order=True)
-        .agg(waiter=pl.col("node").first())
+        .agg(pick.alias(out_col))
         .sort("correlation")
     )
     q = queries.with_columns(
         pl.col(stream_col).cast(pl.Int64).alias("_stream"),
-        (pl.col(corr_col).cast(pl.Int64) + 1).alias("_corr"),
+        (pl.col(corr_col).cast(pl.Int64) + shift).alias("_corr"),
     ).filter(pl.col("_stream").is_not_null() & pl.col("_corr").is_not_null())
     if q.height == 0 or ops.height == 0:
-        return q.with_columns(waiter=pl.lit(None, dtype=pl.Int64)).drop("_stream", "_corr")
+        return q.with_columns(pl.lit(None, dtype=pl.Int64).alias(out_col)).drop("_stream", "_corr")
     out = q.sort("_corr").join_asof(
         ops.rename({"stream": "_stream", "correlation": "_corr"}),
-        on="_corr", by=["rank", "_stream"], strategy="forward", check_sortedness=False,
+        on="_corr", by=["rank", "_stream"], strategy="forward" if after else "backward",
+        check_sortedness=False,
     )
     return out.drop("_stream", "_corr")
 
