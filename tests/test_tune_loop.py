@@ -82,8 +82,11 @@ def test_tune_killed_mid_run_resumes_without_redoing(tmp_path: Path) -> None:
         time.sleep(0.3)
         if not db.exists():
             continue
-        with sqlite3.connect(db) as c:
-            rows = c.execute("SELECT id, key, status FROM runs ORDER BY id").fetchall()
+        try:
+            with sqlite3.connect(db) as c:
+                rows = c.execute("SELECT id, key, status FROM runs ORDER BY id").fetchall()
+        except sqlite3.OperationalError:  # the file exists a moment before its schema commits
+            continue
         if sum(1 for r in rows if r[2] == "done") >= 3 and rows[-1][2] == "running":
             os.killpg(p.pid, signal.SIGKILL)  # mid-run: the 4th run is in flight
             p.wait()
