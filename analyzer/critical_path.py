@@ -41,7 +41,7 @@ from typing import Any
 import polars as pl
 
 from analyzer import intervals as iv
-from analyzer.frames import Trace
+from analyzer.frames import GPU_KINDS, Trace
 from analyzer.graph import TOLERANCE_NS, WALLS, TimelineGraph, _no_gc, build_graph
 
 DEP_KINDS = ("event_wait", "stream", "sync")
@@ -53,6 +53,10 @@ TOP_SEGMENTS = 20
 LAUNCH_LATENCY_NS = 50_000  # longer launch→start gaps are not launch latency
 TOP_EDGES = 20
 CEILING_TEXT_MAX = 10.0  # gain ceilings above +1000 % print as ">10×"
+# Above this many GPU ops + host calls in the steps' span, the graph covers one step id on every
+# rank (the one of median mean length) instead of all: networkx holds ~1 KB per node, and a 1 GB
+# nsys export (10 M events) would need > 12 GB. The headline numbers describe median steps anyway.
+GRAPH_MAX_EVENTS = 1_500_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +396,10 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
             lines.append(f"  longest wait: {_short(e['waiter'])} ← {_short(e['communication'])} "
                          f"via {e['kind']} "
                          f"({e['on_path_s'] * 1e3:.2f} ms on path)")
+    sm = cp["graph"].get("sampled")
+    if sm:
+        lines.append(f"  graph over step {sm['steps'][0]} only ({sm['events_in_span']:,} events in "
+                     f"{sm['steps_in_window']} steps > {sm['limit']:,})")
     unl = {k: v for k, v in cp["graph"]["unlinked"].items() if v}
     if unl:
         lines.append("  not linked: " + ", ".join(f"{k} {v}" for k, v in sorted(unl.items())))
@@ -416,12 +424,41 @@ def diagnosis_section(trace: Trace, steps: Any, ctx: Any) -> dict[str, dict]:
     events = getattr(ctx, "events", None)
     tr = trace if events is None else Trace(events=events, comms=trace.comms, flows=trace.flows,
                                             ranks=trace.ranks, warnings=trace.warnings)
-    lo, hi = table["win_start_ns"].min(), table["win_end_ns"].max()
+    graph_table, sampled = graph_scope(tr.events, table)
+    lo, hi = graph_table["win_start_ns"].min(), graph_table["win_end_ns"].max()
     graph = build_graph(tr, window=(int(lo), int(hi)) if lo is not None else None)
-    out = critical_path_section(tr, table, graph=graph)
+    out = critical_path_section(tr, graph_table, graph=graph)
+    if out and sampled:
+        out["critical_path"]["graph"]["sampled"] = sampled
     if tr.events.get_column("rank").n_unique() > 1:
         out |= ranks_section(tr, table)
     return out
+
+
+def graph_scope(events: pl.DataFrame, steps: pl.DataFrame, *, limit: int | None = None
+                ) -> tuple[pl.DataFrame, dict | None]:
+    """The step windows the graph covers: all of them, or, when their span holds more than
+    `limit` GPU ops + host calls, one step id on every rank that has it: among the ids present
+    on the most ranks, the lower median by mean window length (ties by id). The second value
+    says what was left out (None when nothing was)."""
+    limit = GRAPH_MAX_EVENTS if limit is None else limit
+    win = step_windows(Trace(events=events), steps)
+    lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
+    if lo is None:
+        return steps, None
+    kind = pl.col("kind").cast(pl.String)
+    n = events.select(((kind.is_in([*GPU_KINDS, "runtime"])) & (pl.col("ts_ns") < hi)
+                       & ((pl.col("ts_ns") + pl.col("dur_ns")) > lo)).sum()).item()
+    if n <= limit:
+        return steps, None
+    per = win.group_by("step").agg(
+        ranks=pl.len(), mean_ns=(pl.col("win_end_ns") - pl.col("win_start_ns")).mean())
+    per = per.filter(pl.col("ranks") == pl.col("ranks").max()).sort("mean_ns", "step")
+    pick = int(per["step"][(per.height - 1) // 2])
+    return steps.filter(pl.col("step") == pick), {
+        "steps": [pick], "steps_in_window": int(win["step"].n_unique()),
+        "events_in_span": int(n), "limit": int(limit),
+    }
 
 
 def _short(name: str | None, limit: int = 48) -> str:

@@ -179,24 +179,30 @@ def build_graph(
         from analyzer.classify import classify
 
         ev = classify(ev)
-    ev = ev.with_columns(wall=wall_of(ev))
-    if "rclass" not in ev.columns:
-        ev = ev.with_columns(rclass=pl.lit(None, dtype=pl.String))
+    # One lazy pass picks the rows: a window is often a small part of a multi-GB trace, and an
+    # eager filter would copy every column of every row first.
+    lf = ev.lazy()
     if rank is not None:
         wanted = [rank] if isinstance(rank, int) else list(rank)
-        ev = ev.filter(pl.col("rank").is_in(wanted))
-    ev = ev.filter(pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null())
-    ev = ev.with_columns(end_ns=pl.col("ts_ns") + pl.col("dur_ns").clip(lower_bound=0))
+        lf = lf.filter(pl.col("rank").is_in(wanted))
     kind = pl.col("kind").cast(pl.String)
-    ev = ev.with_columns(is_gpu=kind.is_in(list(GPU_KINDS)))
+    lf = lf.filter(pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null()).with_columns(
+        end_ns=pl.col("ts_ns") + pl.col("dur_ns").clip(lower_bound=0),
+        is_gpu=kind.is_in(list(GPU_KINDS)),
+    )
     if window is not None:
         inside = (pl.col("ts_ns") < window[1]) & (pl.col("end_ns") > window[0])
         # Launch calls of ops inside the window are kept though they ran before it.
-        launched = ev.filter(inside & pl.col("is_gpu")).select("rank", "correlation").drop_nulls()
-        ev = ev.join(launched.unique().with_columns(_launched=pl.lit(True)),
-                     on=["rank", "correlation"], how="left", nulls_equal=False)
-        ev = ev.filter(inside | (pl.col("_launched").fill_null(False) & ~pl.col("is_gpu")))
-        ev = ev.drop("_launched")
+        launched = (lf.filter(inside & pl.col("is_gpu")).select("rank", "correlation")
+                    .drop_nulls().unique().collect())
+        extra = lf.filter(~inside & ~pl.col("is_gpu")).join(
+            launched.lazy(), on=["rank", "correlation"], how="semi", nulls_equal=False)
+        lf = pl.concat([lf.filter(inside), extra]).sort("node")
+    ev = lf.collect()
+    # per-row columns once the rows are chosen (a window is often a small part of the trace)
+    ev = ev.with_columns(wall=wall_of(ev))
+    if "rclass" not in ev.columns:
+        ev = ev.with_columns(rclass=pl.lit(None, dtype=pl.String))
     for c in ("device", "sync_kind", "wait_stream", "wait_correlation"):
         if c not in ev.columns:
             ev = ev.with_columns(pl.lit(None).alias(c))
