@@ -275,7 +275,7 @@ def build_graph(
     if not unlinked.get("cycle_edges_dropped"):
         by_kind = dict(edges.group_by("kind").len().iter_rows())
         counts = {k: int(by_kind.get(k, 0)) for k in EDGE_KINDS}
-    ranks = tuple(sorted(set(nodes.get_column("rank").drop_nulls().to_list())))
+    ranks = tuple(nodes.get_column("rank").drop_nulls().unique().sort().to_list())
     return TimelineGraph(g=g, nodes=nodes, members=members, ranks=ranks, window=window,
                          unlinked=dict(sorted(unlinked.items())), aggregated=aggregated,
                          counts=counts)

@@ -44,15 +44,16 @@ class Alignment:
 
 def _instances(trace: Trace) -> pl.DataFrame:
     """Communication kernels numbered per (rank, group), node = event row index."""
-    ev = trace.events.with_row_index("node").with_columns(pl.col("node").cast(pl.Int64))
-    gpu = ev.filter(pl.col("kind").cast(pl.String).is_in(list(GPU_KINDS)))
+    gpu = (trace.events.lazy().with_row_index("node")
+           .filter(pl.col("kind").cast(pl.String).is_in(list(GPU_KINDS)))
+           .with_columns(pl.col("node").cast(pl.Int64)).collect())
     gpu = gpu.with_columns(wall=wall_of(gpu), end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
     return collective_instances(gpu, trace.comms)
 
 
 def align_clocks(trace: Trace, *, instances: pl.DataFrame | None = None) -> Alignment:
     """Offsets (ns) that put every rank on the lowest rank's clock; see module docstring."""
-    ranks = sorted(set(trace.events.get_column("rank").drop_nulls().to_list()))
+    ranks = trace.events.get_column("rank").drop_nulls().unique().sort().to_list()
     if len(ranks) < 2:
         return Alignment("none", dict.fromkeys(ranks, 0))
     r = trace.ranks
@@ -138,7 +139,7 @@ def ranks_section(trace: Trace, steps: pl.DataFrame | None = None) -> dict[str, 
         from analyzer.steps import find_steps
 
         steps = find_steps(trace.events).table
-    ranks = sorted(set(trace.events.get_column("rank").drop_nulls().to_list()))
+    ranks = trace.events.get_column("rank").drop_nulls().unique().sort().to_list()
     inst = _instances(trace)
     al = align_clocks(trace, instances=inst)
     unlinked: dict[str, int] = {}

@@ -22,7 +22,7 @@ import polars as pl
 
 from analyzer.classify import KernelClasses, load_classes, match_expr
 from analyzer.frames import GPU_KINDS, require
-from analyzer.intervals import END, START, clip, locate, sweep, union
+from analyzer.intervals import END, START, _sort, clip, locate, sweep, union
 
 BY = ["rank", "step"]
 WALL_KEYS = ("compute", "communication", "memory", "host")
@@ -83,11 +83,14 @@ def recompute_launches(events: pl.DataFrame, *, classes: KernelClasses | None = 
 def gpu_layers(events: pl.DataFrame, recompute: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """Per-rank GPU intervals by wall; compute kernels launched for recompute go to `recompute`."""
     require(events, ("kind", "wall", "correlation"), what="classified events")
-    gpu = events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS) & (pl.col("dur_ns") > 0))
-    rc = recompute.with_columns(pl.lit(True).alias("_rc"))
-    gpu = gpu.join(rc, on=["rank", "correlation"], how="left").with_columns(
-        (pl.col("_rc").fill_null(False) & (pl.col("wall") == "compute")).alias("_rc")
-    )
+    gpu = events.filter(pl.col("kind").is_in(GPU_KINDS) & (pl.col("dur_ns") > 0))
+    if recompute.height:
+        rc = recompute.with_columns(pl.lit(True).alias("_rc"))
+        gpu = gpu.join(rc, on=["rank", "correlation"], how="left").with_columns(
+            (pl.col("_rc").fill_null(False) & (pl.col("wall") == "compute")).alias("_rc")
+        )
+    else:
+        gpu = gpu.with_columns(_rc=pl.lit(False))
     w = pl.col("wall").cast(pl.String)
     return {
         "c": _iv(gpu.filter((w == "compute") & ~pl.col("_rc"))),
@@ -101,15 +104,20 @@ def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """Per-rank host causes of GPU idleness: blocking sync/copy calls, launch-starved gaps."""
     require(events, ("kind", "rclass", "blocking"), what="classified events")
     sync = _iv(events.filter(pl.col("blocking") & (pl.col("dur_ns") > 0)))
-    gpu = events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS) & (pl.col("dur_ns") > 0))
-    u = union(_iv(gpu), by=["rank"]).with_columns(
-        pl.col(END).shift(1).over("rank").alias("gap_start")
-    ).filter(pl.col("gap_start").is_not_null() & (pl.col(START) > pl.col("gap_start")))
-    # the op(s) that end each gap, and when their launch call returned (only ops that end a
-    # gap are looked up: a few % of the GPU rows)
-    ops = gpu.select("rank", "correlation", pl.col("ts_ns").alias(START)).join(
-        u.select("rank", START), on=["rank", START], how="semi"
-    )
+    gpu = events.filter(pl.col("kind").is_in(GPU_KINDS) & (pl.col("dur_ns") > 0)).select(
+        "rank", "correlation", pl.col("ts_ns").alias(START),
+        (pl.col("ts_ns") + pl.col("dur_ns")).alias(END))
+    # One pass in (rank, start) order finds the GPU idle gaps and the op(s) that end each: a gap
+    # ends where an op starts past every earlier end of its rank (ops tied at that start end it
+    # too); gap_start = that running max. The first run of a rank has no gap before it.
+    d = _sort(gpu, ["rank"], START)
+    reach = pl.col(END).cum_max().shift(1).over("rank")
+    d = d.with_columns(_reach=reach).with_columns(
+        _run=pl.when(pl.col(START) > pl.col("_reach")).then(pl.col(START)),
+        gap_start=pl.when(pl.col(START) > pl.col("_reach")).then(pl.col("_reach")),
+    ).with_columns(pl.col("_run", "gap_start").forward_fill().over("rank"))
+    ops = d.filter(pl.col(START) == pl.col("_run")).select("rank", "correlation", START, "gap_start")
+    # when their launch call returned (only ops that end a gap are looked up)
     launches = (
         events.filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
         .select("rank", "correlation", "ts_ns", "dur_ns")
@@ -117,14 +125,12 @@ def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
         .group_by(["rank", "correlation"])
         .agg((pl.col("ts_ns") + pl.col("dur_ns")).min().alias("launch_end"))
     )
-    first_ops = (
+    starved = (
         ops.join(launches, on=["rank", "correlation"], how="inner")
         .group_by(["rank", START])
-        .agg(pl.col("launch_end").min())
-    )
-    starved = (
-        u.join(first_ops, on=["rank", START], how="inner")
+        .agg(pl.col("launch_end").min(), pl.col("gap_start").first())
         .filter(pl.col("launch_end") > pl.col("gap_start"))
+        .sort("rank", START)
         .select(
             "rank",
             pl.col("gap_start").alias(START),
