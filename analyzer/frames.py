@@ -220,6 +220,24 @@ class Trace:
         return sorted(set(self.ranks.get_column("format").drop_nulls().to_list()))
 
 
+CORR_KEY = "_rc_key"
+_CORR_BITS = 40  # CUPTI correlation ids are 32-bit; ranks get the 23 bits above
+
+
+def corr_key(*frames: pl.DataFrame) -> pl.Expr | None:
+    """(rank, correlation) packed into one Int64 column `CORR_KEY` when every value of the
+    frames fits (0 ≤ correlation < 2**40, 0 ≤ rank < 2**23), else None. Single-key joins and
+    group-bys run ~2× faster than two-key ones on the millions of launch rows of a large trace."""
+    for df in frames:
+        b = df.select(pl.col("correlation").min().alias("c0"), pl.col("correlation").max().alias("c1"),
+                      pl.col("rank").min().alias("r0"), pl.col("rank").max().alias("r1")).row(0)
+        if any(v is not None and (v < 0 or v >= lim)
+               for v, lim in zip(b, (1 << _CORR_BITS, 1 << _CORR_BITS, 1 << 23, 1 << 23),
+                                 strict=True)):
+            return None
+    return (pl.col("rank").cast(pl.Int64) * (1 << _CORR_BITS) + pl.col("correlation")).alias(CORR_KEY)
+
+
 def concat_traces(traces: Iterable[Trace]) -> Trace:
     """Merge traces of different ranks (each already carries its rank column)."""
     ts = list(traces)

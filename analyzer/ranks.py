@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from analyzer.frames import GPU_KINDS, Trace
+from analyzer.frames import Trace
 from analyzer.graph import collective_instances, match_collectives, wall_of
 
 Z_THRESHOLD = 3.5
@@ -44,9 +44,11 @@ class Alignment:
 
 def _instances(trace: Trace) -> pl.DataFrame:
     """Communication kernels numbered per (rank, group), node = event row index."""
-    gpu = (trace.events.lazy().with_row_index("node")
-           .filter(pl.col("kind").cast(pl.String).is_in(list(GPU_KINDS)))
-           .with_columns(pl.col("node").cast(pl.Int64)).collect())
+    lf = trace.events.lazy().with_row_index("node").filter(
+        pl.col("kind").cast(pl.String) == "kernel")
+    if "wall" in trace.events.columns:  # classified: only communication kernels are numbered
+        lf = lf.filter(pl.col("wall") == "communication")
+    gpu = lf.with_columns(pl.col("node").cast(pl.Int64)).collect()
     gpu = gpu.with_columns(wall=wall_of(gpu), end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
     return collective_instances(gpu, trace.comms)
 

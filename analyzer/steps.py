@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from analyzer.classify import KernelClasses, load_classes
-from analyzer.frames import GPU_KINDS, require
+from analyzer.frames import CORR_KEY, GPU_KINDS, corr_key, require
 from moetune.errors import UserError
 
 STEP_COLS = ("rank", "step", "start_ns", "end_ns", "win_start_ns", "win_end_ns")
@@ -95,7 +95,7 @@ def assign_steps(events: pl.DataFrame, host_steps: pl.DataFrame) -> pl.DataFrame
     (same rank, same correlation), else null. Returns only GPU rows."""
     require(events, ("rank", "kind", "ts_ns", "correlation"), what="events")
     hs = host_steps.select("rank", "step", "start_ns", "end_ns").sort("start_ns")
-    launches = (
+    calls = (
         events.filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
         .select("rank", "correlation", "ts_ns")
         .sort("ts_ns")
@@ -104,16 +104,22 @@ def assign_steps(events: pl.DataFrame, host_steps: pl.DataFrame) -> pl.DataFrame
             check_sortedness=False,  # sorted globally by time, hence within each rank
         )
         .filter(pl.col("step").is_not_null() & (pl.col("ts_ns") < pl.col("end_ns")))
-        .group_by(["rank", "correlation"])
-        .agg(pl.col("step").min())
     )
-    gpu = events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS))
-    return gpu.join(launches, on=["rank", "correlation"], how="left", maintain_order="left")
+    gpu = events.filter(pl.col("kind").is_in(GPU_KINDS))
+    key = corr_key(calls, gpu)
+    if key is None:
+        launches = calls.group_by(["rank", "correlation"]).agg(pl.col("step").min())
+        return gpu.join(launches, on=["rank", "correlation"], how="left", maintain_order="left")
+    launches = calls.group_by(key).agg(pl.col("step").min())
+    return (gpu.with_columns(key).join(launches, on=CORR_KEY, how="left", maintain_order="left")
+            .drop(CORR_KEY))
 
 
 def _gpu_projection(events: pl.DataFrame, host: pl.DataFrame, source: str) -> pl.DataFrame:
     """Per (rank, step): gpu_start_ns, gpu_end_ns from GPU annotations or inherited GPU events."""
-    gpu = assign_steps(events, host).filter(pl.col("step").is_not_null())
+    # only the columns used below: the GPU rows of a large trace are millions
+    narrow = events.select("rank", "kind", "ts_ns", "dur_ns", "correlation")
+    gpu = assign_steps(narrow, host).filter(pl.col("step").is_not_null())
     inherited = gpu.group_by(["rank", "step"]).agg(
         pl.col("ts_ns").min().alias("ev_start"),
         (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("ev_end"),

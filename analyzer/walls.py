@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.classify import KernelClasses, load_classes, match_expr
-from analyzer.frames import GPU_KINDS, require
+from analyzer.frames import CORR_KEY, GPU_KINDS, corr_key, require
 from analyzer.intervals import END, START, _sort, clip, locate, sweep, union
 
 BY = ["rank", "step"]
@@ -118,15 +118,20 @@ def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     ).with_columns(pl.col("_run", "gap_start").forward_fill().over("rank"))
     ops = d.filter(pl.col(START) == pl.col("_run")).select("rank", "correlation", START, "gap_start")
     # when their launch call returned (only ops that end a gap are looked up)
+    calls = events.filter(
+        (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()
+    ).select("rank", "correlation", "ts_ns", "dur_ns")
+    key = corr_key(calls, ops)
+    on: str | list[str] = ["rank", "correlation"] if key is None else CORR_KEY
+    if key is not None:
+        calls, ops = calls.with_columns(key), ops.with_columns(key)
     launches = (
-        events.filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
-        .select("rank", "correlation", "ts_ns", "dur_ns")
-        .join(ops.select("rank", "correlation"), on=["rank", "correlation"], how="semi")
-        .group_by(["rank", "correlation"])
+        calls.join(ops.select(on), on=on, how="semi")
+        .group_by(on)
         .agg((pl.col("ts_ns") + pl.col("dur_ns")).min().alias("launch_end"))
     )
     starved = (
-        ops.join(launches, on=["rank", "correlation"], how="inner")
+        ops.join(launches, on=on, how="inner")
         .group_by(["rank", START])
         .agg(pl.col("launch_end").min(), pl.col("gap_start").first())
         .filter(pl.col("launch_end") > pl.col("gap_start"))
