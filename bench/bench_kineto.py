@@ -132,7 +132,9 @@ def worker_read(path: Path, repeat: int, gz: Path | None) -> dict[str, Any]:
     return out
 
 
-def worker_diagnose(path: Path) -> dict[str, Any]:
+def worker_diagnose(path: Path, *, core: bool = False) -> dict[str, Any]:
+    """`diagnose` in this process; `core`: without the timeline-graph sections, i.e. read +
+    classify + steps + walls + observed, the scope of HTA's parse + temporal breakdown."""
     sys.path.insert(0, str(ROOT))
     try:
         from analyzer.diagnose import diagnose
@@ -140,7 +142,7 @@ def worker_diagnose(path: Path) -> dict[str, Any]:
         return {"error": f"analyzer.diagnose not importable: {exc}"}
     t0 = time.perf_counter()
     try:
-        doc = diagnose([path])
+        doc = diagnose([path], sections=[] if core else None)
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {
@@ -283,9 +285,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cmd += ["--gz", str(it["gz"])]
         row["ours"] = measure(cmd)
         if not args.no_diagnose:
-            row["diagnose"] = measure(
-                [sys.executable, __file__, "--worker", "diagnose", str(it["json"])]
-            )
+            for stage in ("core", "diagnose"):
+                row[stage] = measure([sys.executable, __file__, "--worker", stage, str(it["json"])])
         if hta_py is not None:
             row["hta"] = measure(
                 [str(hta_py), str(BENCH / "hta_breakdown.py"), str(it["json"].parent)]
@@ -316,43 +317,52 @@ def summary_line(r: dict[str, Any]) -> str:
 def table(res: dict[str, Any]) -> str:
     lines = [
         "| trace | JSON MB | events | ours read s (first) | MB/s | MB/CPU-s | events/s | ours peak RSS MB | "
-        "diagnose s (RSS MB) | HTA parse s | HTA breakdown s | HTA peak RSS MB (tree) | "
-        "speed-up (parse) | idle % ours / HTA | compute % ours / HTA |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "core s (RSS MB) | diagnose s (RSS MB) | HTA parse s | HTA breakdown s | "
+        "HTA peak RSS MB (tree) | speed-up read / core / diagnose | memory core ÷ HTA | "
+        "idle % ours / HTA | compute % ours / HTA |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in res["results"]:
-        o, h, d = r["ours"], r.get("hta"), r.get("diagnose")
+        o, h, c, d = r["ours"], r.get("hta"), r.get("core"), r.get("diagnose")
         e = o["hta_equivalent"]
-        diag = "—"
-        if d and "diagnose_s" in d:
-            diag = f"{d['diagnose_s']:.2f} ({d['maxrss_mb']:.0f})"
-        elif d:
-            diag = "n/a"
+
+        def cell(x: dict[str, Any] | None) -> str:
+            if x and "diagnose_s" in x:
+                return f"{x['diagnose_s']:.2f} ({x['maxrss_mb']:.0f})"
+            return "n/a" if x else "—"
+
+        def ratio(x: dict[str, Any] | None, hta_s: float) -> str:
+            return f"{hta_s / x['diagnose_s']:.1f}×" if x and "diagnose_s" in x else "—"
+
         if h:
             hr = h["ranks"][0]
+            hta_s = h["parse_s"] + h["breakdown_s"]
+            mem = (f"{c['maxrss_mb'] / h['tree_peak_mb']:.2f}" if c and "maxrss_mb" in c
+                   else "—")
             hta_cols = (
                 f"{h['parse_s']:.2f} | {h['breakdown_s']:.2f} | {h['tree_peak_mb']:.0f} | "
-                f"{h['parse_s'] / o['read_s']:.1f}× | "
+                f"{h['parse_s'] / o['read_s']:.1f}× / {ratio(c, hta_s)} / {ratio(d, hta_s)} | "
+                f"{mem} | "
                 f"{pct(e['idle_us'], e['kernel_us']):.2f} / {pct(hr['idle_us'], hr['kernel_us']):.2f} | "
                 f"{pct(e['compute_us'], e['kernel_us']):.2f} / {pct(hr['compute_us'], hr['kernel_us']):.2f}"
             )
         else:
             hta_cols = (
-                f"— | — | — | — | {pct(e['idle_us'], e['kernel_us']):.2f} / — | "
+                f"— | — | — | — | — | {pct(e['idle_us'], e['kernel_us']):.2f} / — | "
                 f"{pct(e['compute_us'], e['kernel_us']):.2f} / —"
             )
         lines.append(
             f"| {r['name']} | {r['mb']:.1f} | {o['events'] + o['flows']:,} | "
             f"{o['read_s']:.3f} ({o['read_first_s']:.3f}) | {r['mb'] / o['read_s']:.0f} | "
             f"{r['mb'] / o['read_cpu_s']:.0f} | {(o['events'] + o['flows']) / o['read_s'] / 1e3:,.0f}k | "
-            f"{o['maxrss_mb']:.0f} | {diag} | {hta_cols} |"
+            f"{o['maxrss_mb']:.0f} | {cell(c)} | {cell(d)} | {hta_cols} |"
         )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Kineto reader / diagnose vs HTA benchmark")
-    ap.add_argument("--worker", choices=["read", "diagnose"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["read", "core", "diagnose"], help=argparse.SUPPRESS)
     ap.add_argument("path", nargs="?", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--gz", type=Path, help=argparse.SUPPRESS)
     ap.add_argument(
@@ -371,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "read":
         print(json.dumps(worker_read(args.path, args.repeat, args.gz)))
         return 0
-    if args.worker == "diagnose":
-        print(json.dumps(worker_diagnose(args.path)))
+    if args.worker in ("core", "diagnose"):
+        print(json.dumps(worker_diagnose(args.path, core=args.worker == "core")))
         return 0
     res = run(args)
     if args.json:
