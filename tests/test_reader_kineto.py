@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import mmap
 import subprocess
 import sys
 from pathlib import Path
@@ -792,3 +793,209 @@ def test_chunk_failing_typed_decode_falls_back_to_whole_file(
     assert any(expect in w for w in chunked.warnings)
     assert chunked.events.height == (7 if bad == "mistyped" else 8)
     assert chunked.events.get_column("external_id").to_list()[:7] == list(range(7))
+
+
+# --------------------------------------------------------------------------- fast-path equivalences
+
+
+def test_in_place_chunks_equal_whole_decode_and_leave_file_intact(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An uncompressed file is decoded chunk by chunk in its private map (brackets written around
+    each span, then put back): same frames as the whole-file typed decode, file bytes and mtime
+    untouched."""
+    import hashlib
+
+    import analyzer.readers.kineto as k
+
+    src = corpus / "public" / "kineto" / "hta_a100_2rank_nccl.json.gz"
+    path = write(tmp_path, "a100.json", gzip.decompress(src.read_bytes()))
+    digest, mtime = hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
+    monkeypatch.setattr(k, "RAW_MIN_BYTES", 1 << 40)
+    whole = read_kineto(path, default_rank=0)
+    monkeypatch.setattr(k, "RAW_MIN_BYTES", 0)
+    monkeypatch.setattr(k, "CHUNK", 999)  # 41 chunks, boundaries at every separator layout
+    chunked = read_kineto(path, default_rank=0)
+    assert _same(whole, chunked) and chunked.events.height == 26935
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    assert path.stat().st_mtime_ns == mtime
+
+    # The span located from the raw slices' addresses starts and ends on those slices' bytes, with
+    # a separator on either side (where the brackets go); the map holds the file's bytes after.
+    doc, data, _ = k._load(path)
+    origin = k._address(data)
+    assert origin is not None and isinstance(data, mmap.mmap)
+    evs = doc.traceEvents
+    for base in range(0, len(evs), 999):
+        chunk = evs[base : base + 999]
+        start = k._address(chunk[0]) - origin
+        end = k._address(chunk[-1]) - origin + len(chunk[-1])
+        assert bytes(data[start : start + len(chunk[0])]) == bytes(chunk[0])
+        assert bytes(data[end - len(chunk[-1]) : end]) == bytes(chunk[-1])
+        assert data[start - 1 : start] in (b"[", b",", b" ", b"\n") and data[end : end + 1] in (
+            b"]",
+            b",",
+            b" ",
+            b"\n",
+        )
+        assert len(k._decode_chunk(chunk, data, origin)) == len(chunk)
+    assert hashlib.sha256(data[:]).hexdigest() == digest
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_bad_gpu_args_in_late_chunk_fall_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gz: bool
+) -> None:
+    """GPU args are decoded in a second pass, from the rows' raw slices: a mistyped one there still
+    sends the whole file through the lenient decode (same frames and warning as the small path)."""
+    import analyzer.readers.kineto as k
+
+    evs = [ev(ts=100 + i, args={"External id": i}) for i in range(7)]
+    evs.append(ev(cat="kernel", pid=0, tid=7, ts=200, args={"stream": {"x": 1}, "device": 0}))
+    path = write(tmp_path, "late_gpu.json" + (".gz" if gz else ""), {"traceEvents": evs}, gz=gz)
+    monkeypatch.setattr(k, "RAW_MIN_BYTES", 1 << 40)
+    whole = read_kineto(path, default_rank=0)
+    monkeypatch.setattr(k, "RAW_MIN_BYTES", 0)
+    monkeypatch.setattr(k, "CHUNK", 3)
+    chunked = read_kineto(path, default_rank=0)
+    assert _same(whole, chunked)
+    assert any("lenient" in w for w in chunked.warnings)
+    kern = chunked.events.filter(pl.col("kind") == "kernel").row(0, named=True)
+    assert (kern["device"], kern["stream"]) == (0, 7)  # bad stream → null → the row's tid
+
+
+def test_unused_mistyped_arg_does_not_force_lenient_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above RAW_MIN_BYTES only the args a row's category uses are decoded: a `stream` list on a
+    cpu_op (never read) no longer costs the lenient whole-file pass; the frames are those of the
+    lenient decode, which drops that field anyway."""
+    import analyzer.readers.kineto as k
+
+    evs = [ev(ts=100 + i, args={"External id": i, "stream": [1, 2]}) for i in range(5)]
+    path = write(tmp_path, "unused.json", {"traceEvents": evs})
+    monkeypatch.setattr(k, "RAW_MIN_BYTES", 1 << 40)
+    whole = read_kineto(path, default_rank=0)
+    assert any("lenient" in w for w in whole.warnings)
+    monkeypatch.setattr(k, "RAW_MIN_BYTES", 0)
+    chunked = read_kineto(path, default_rank=0)
+    assert chunked.warnings == ()
+    assert all(x.equals(y) for x, y in zip(_frames(whole), _frames(chunked), strict=True))
+    assert chunked.events.get_column("external_id").to_list() == list(range(5))
+
+
+def test_gpu_masks_match_categories() -> None:
+    """GPU rows are found through the category's kind: the same rows as `cat ∈ GPU_CATS`."""
+    from analyzer.readers.kineto import GPU_CAT_KINDS, GPU_CATS, KIND_OF_CAT
+
+    cats = [*KIND_OF_CAT, "ac2g", "Trace", "fwdbwd", "", "KERNEL"]
+    assert [c in GPU_CATS for c in cats] == [
+        KIND_OF_CAT.get(c, "other") in GPU_CAT_KINDS for c in cats
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.integers(2**52, 2**54)),
+        max_size=40,
+    )
+)
+def test_float_column_from_ints_rounds_like_float(values: list[int | None]) -> None:
+    """ts/dur ints are built as Int64 then cast: identical to float(v) for every int64."""
+    from analyzer.readers.kineto import _num_series
+
+    got = _num_series("ts", values, pl.Float64)
+    assert got.dtype == pl.Float64
+    assert got.to_list() == [None if v is None else float(v) for v in values]
+
+
+def test_id_series_fast_and_fallback_paths() -> None:
+    from analyzer.readers.kineto import _id_series
+
+    assert _id_series("pid", [1, None, 2**40]).to_list() == [1, None, 2**40]
+    odd = [1, "Spans", "stream 7", "", 2.0, 2**70, None, "-3"]
+    assert _id_series("tid", odd).to_list() == [1, None, 7, None, 0, None, None, -3]
+
+
+KIND_OF_CAT_FOR_TEST = ["cpu_op", "kernel", "Kernel", "gpu_memcpy", "cuda_runtime", "cuda_sync"]
+_ODD_ARGS = st.fixed_dictionaries(
+    {},
+    optional={
+        "External id": st.integers(0, 2**40),
+        "correlation": st.integers(0, 2**40),
+        "device": st.integers(0, 7),
+        "stream": st.integers(0, 300),
+        "bytes": st.integers(0, 2**31),
+        "graph id": st.integers(0, 9),
+        "Collective name": st.sampled_from(["allreduce", "all_to_allv"]),
+        "In msg nelems": st.integers(0, 2**30),
+        "Group size": st.integers(1, 8),
+        "dtype": st.sampled_from(["Float", "BFloat16"]),
+        "In split size": st.sampled_from(["[]", "[1, 2]"]),
+        "Process Group Ranks": st.sampled_from(["[0, 1]", "[0, 1, 2, 3]"]),
+        "Seq": st.integers(0, 99),
+    },
+)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["X", "X", "i", "s", "f", "M"]),
+            st.sampled_from([*KIND_OF_CAT_FOR_TEST, "ac2g", "Trace"]),
+            st.sampled_from(["aten::mm", "record_param_comms", "Memcpy DtoH (Device -> Pinned)"]),
+            st.integers(0, 10**6),
+            _ODD_ARGS,
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    chunk=st.integers(1, 7),
+)
+def test_lean_chunks_equal_full_decode(
+    tmp_path_factory: pytest.TempPathFactory,
+    rows: list[tuple[str, str, str, int, dict]],
+    chunk: int,
+) -> None:
+    """Random mixes of categories, phases and args: lean Structs + second-pass GPU/collective
+    args, decoded in place in chunks, give the frames of the full whole-file typed decode."""
+    import analyzer.readers.kineto as k
+
+    evs = [
+        {"ph": ph, "cat": cat, "name": name, "pid": 1, "tid": 2, "ts": ts, "dur": 3, "id": i}
+        | ({"args": args} if args else {})
+        for i, (ph, cat, name, ts, args) in enumerate(rows)
+    ]
+    path = write(tmp_path_factory.mktemp("lean"), "t.json", {"traceEvents": evs})
+    old = (k.RAW_MIN_BYTES, k.CHUNK)
+    try:
+        k.RAW_MIN_BYTES = 1 << 40
+        whole = read_kineto(path, default_rank=0)
+        k.RAW_MIN_BYTES, k.CHUNK = 0, chunk
+        chunked = read_kineto(path, default_rank=0)
+    finally:
+        k.RAW_MIN_BYTES, k.CHUNK = old
+    assert _same(whole, chunked)
+
+
+def test_two_copies_of_the_reader_coexist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The buffer-address helper declares its own ctypes function objects: a second copy of the
+    module (importlib.reload, a bench comparing two readers) must not retype the first's."""
+    import importlib.util
+
+    import analyzer.readers.kineto as k
+
+    spec = importlib.util.spec_from_file_location("kineto_copy", k.__file__)
+    assert spec and spec.loader
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "kineto_copy", copy)
+    spec.loader.exec_module(copy)
+    path = write(tmp_path, "t.json", {"traceEvents": [ev(ts=100 + i) for i in range(9)]})
+    for mod in (k, copy, k):
+        monkeypatch.setattr(mod, "RAW_MIN_BYTES", 0)
+        monkeypatch.setattr(mod, "CHUNK", 4)
+        assert mod.read_kineto(path, default_rank=0).events.height == 9

@@ -6,7 +6,15 @@ becoming Python objects, and columns are built with one list comprehension each.
 top-level fields (`distributedInfo`, `deviceProperties`, `baseTimeNanoseconds`) are decoded at all:
 harness metadata may carry credentials (trace-formats.md §1.1). Files above `RAW_MIN_BYTES` keep
 `traceEvents` as raw slices of the mmap and decode them `CHUNK` events at a time, so only one
-chunk's Structs are alive (peak RSS −10…30 %, same CPU; bench/README.md).
+chunk's Structs are alive (peak RSS −10…30 %; bench/README.md). On that path:
+
+- each chunk is decoded in place: the file is mapped privately (copy-on-write, never written
+  back) and `[`/`]` are written around the chunk's span, instead of joining its slices into a copy;
+- every row gets `_LeanEvent` (two args); the other `_Args` fields are decoded only for the GPU
+  and collective rows that use them (9–12 % of rows in the corpus), from their raw slices. A
+  wrongly typed field that a row's category never uses (say `stream` on a cpu_op) is therefore not
+  seen, and no longer sends the file through the lenient decode below; the frames are the same
+  either way.
 
 Robustness: a file whose fields have unexpected types (strings for numbers, lists for scalars,
 `null` events) is re-decoded generically and sanitized field by field; invalid UTF-8 is decoded
@@ -16,10 +24,12 @@ with replacement characters; integers beyond int64 become null; malformed JSON o
 
 from __future__ import annotations
 
+import ctypes
 import gzip
 import mmap
 import os
 import zlib
+from collections.abc import Callable
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -134,6 +144,33 @@ class _Event(msgspec.Struct, gc=False):
 _EVENT_FIELDS = tuple(f for f in _Event.__struct_fields__ if f != "args")
 
 
+class _LeanArgs(msgspec.Struct, frozen=True, gc=False, rename={"external_id": "External id"}):
+    """The two args every row needs; the rest (`_Args`) are decoded for GPU/collective rows only
+    (9–12 % of rows), from their raw slices: smaller Structs, fewer ints to build and free."""
+
+    external_id: Num = None
+    correlation: Num = None
+
+
+_NO_LEAN_ARGS = _LeanArgs()
+
+
+class _LeanEvent(msgspec.Struct, gc=False):
+    ph: Num = None
+    cat: Num = None
+    name: Num = None
+    pid: Num = None
+    tid: Num = None
+    ts: Num = None
+    dur: Num = None
+    id: Num = None
+    args: _LeanArgs = _NO_LEAN_ARGS
+
+
+class _ArgsOnly(msgspec.Struct, gc=False):
+    args: _Args = _NO_ARGS
+
+
 class _Device(msgspec.Struct, gc=False):
     id: Num = None
     name: Num = None
@@ -170,7 +207,8 @@ class _RawDoc(msgspec.Struct, gc=False):
 
 
 _RAW_DOC_DECODER = msgspec.json.Decoder(_RawDoc)
-_EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
+_EVENTS_DECODER = msgspec.json.Decoder(list[_LeanEvent])
+_ARGS_DECODER = msgspec.json.Decoder(_ArgsOnly)
 CHUNK = 32768
 RAW_MIN_BYTES = 16 << 20  # ≈ 64k events of Kineto's ~250 bytes
 
@@ -189,10 +227,10 @@ def read_kineto(path: Path, *, default_rank: int) -> Trace:
     if doc.traceEvents is None:
         raise UserError("not a Kineto trace (no traceEvents list)", path=path)
     try:
-        raw, side = _columns(doc.traceEvents)
+        raw, side = _columns(doc.traceEvents, data)
     except _SlowPath:  # some event has unexpected types or bad UTF-8: the whole file, leniently
         doc, warnings = _decode(data, path)
-        raw, side = _columns(doc.traceEvents)
+        raw, side = _columns(doc.traceEvents, data)
     del data
     rank = _i32(doc.distributedInfo.rank if doc.distributedInfo else None)
     rank = default_rank if rank is None else rank
@@ -205,7 +243,7 @@ def read_kineto(path: Path, *, default_rank: int) -> Trace:
         _ns(pl.col("dur"), 0).alias("dur_ns"),
     ).drop("ts", "dur")
 
-    is_timed = pl.col("ph").is_in(["X", "i", "I", "C", "B", "E"])
+    is_timed = pl.col("ph_code").is_between(PH_TIMED, PH_INSTANT)
     absurd = (pl.col("dur_ns") > MAX_DUR_NS).fill_null(False)
     no_ts, n_absurd = raw.select(
         no_ts=(is_timed & pl.col("ts_ns").is_null()).sum(), absurd=(is_timed & absurd).sum()
@@ -214,14 +252,17 @@ def read_kineto(path: Path, *, default_rank: int) -> Trace:
         warnings.append(f"{no_ts} event(s) without a usable timestamp dropped")
     if n_absurd:
         warnings.append(f"{n_absurd} event(s) with duration > 7 days dropped (CUPTI overflow)")
-    flows = _flows(raw.join(side["flow"], on="row", how="inner"), rank)
+    # Flow rows are the same rows, in the same order, that `_chunk_columns` took the ids of.
+    flows = _flows(raw.filter(_IS_FLOW).with_columns(side["flow"].get_column("id")), rank)
     timed = raw.filter(is_timed & pl.col("ts_ns").is_not_null() & ~absurd)
     del raw  # lower peak memory: only the timed rows are needed from here on
     timed = timed.join(side["gpu"], on="row", how="left")
 
     # Lazy for the events frame: derivations and the final casts run as one query.
+    meta = timed.join(side["meta"], on="row", how="inner")
     events = _events(timed.lazy(), rank)
-    comms = _comms(timed.join(side["meta"], on="row", how="inner"), events, rank)
+    del timed, side  # before the comms and ranks frames are built: lower peak memory
+    comms = _comms(meta, events, rank)
     ranks = _ranks(dist, devices, events, rank, path)
     return Trace(events=events, comms=comms, flows=flows, ranks=ranks, warnings=tuple(warnings))
 
@@ -245,8 +286,9 @@ def _load(path: Path) -> tuple[_Doc | _RawDoc, bytes | mmap.mmap, list[str]]:
                 if os.fstat(fh.fileno()).st_size == 0:
                     raise UserError("is empty", path=path)
                 # No `with`: the raw event slices are views of the map, which lives as long as
-                # they do (and no 1× copy of the file is made).
-                data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                # they do (and no 1× copy of the file is made). ACCESS_COPY is a private map:
+                # `_decode_chunk` writes brackets into it, the file itself is never written.
+                data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
     except FileNotFoundError:
         raise UserError("no such file", path=path) from None
     except IsADirectoryError:
@@ -351,6 +393,14 @@ def _as_int(v: Num) -> int | None:
 
 def _num_series(name: str, values: list[Any], dtype: pl.DataType) -> pl.Series:
     """Typed column; strings that are numbers are parsed, anything else (or beyond int64) → null."""
+    if dtype == pl.Float64 and values and values[0].__class__ is int:
+        # Integer µs (older writers): polars builds Int64 from Python ints 3× faster than Float64,
+        # and the cast rounds exactly like float(int). Any float/str/huge int: the path below
+        # (the first value decides whether to try: a failed strict build costs 4× a good one).
+        try:
+            return pl.Series(name, values, dtype=pl.Int64, strict=True).cast(pl.Float64)
+        except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+            pass
     try:
         return pl.Series(name, values, dtype=dtype, strict=False)
     except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
@@ -386,6 +436,12 @@ GPU_CATS = (
     "cuda_sync",
     "gpu_user_annotation",
 )
+# `ph` and `cat` are hashed once per row, into the codes every later mask reads (flows, timed
+# rows, instants, GPU rows, kernels, kind): string `is_in`s cost ~10 ns a row each.
+PH_TIMED, PH_INSTANT, PH_FLOW = 1, 2, 3
+PH_CODE = {"X": 1, "C": 1, "B": 1, "E": 1, "i": 2, "I": 2, "s": 3, "f": 3, "t": 3}
+GPU_CAT_KINDS = sorted({KIND_OF_CAT[c] for c in GPU_CATS})  # cat ∈ GPU_CATS ⇔ kind ∈ these
+_IS_FLOW = pl.col("ph_code") == PH_FLOW
 GPU_ARG_FIELDS = (
     "device",
     "stream",
@@ -398,30 +454,125 @@ GPU_ARG_FIELDS = (
 
 
 def _columns(
-    evs: list[msgspec.Raw] | list[_Event],
+    evs: list[msgspec.Raw] | list[_Event], data: bytes | mmap.mmap
 ) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
     """The columns of all events, built `CHUNK` events at a time (raw slices decoded per chunk,
     so the Structs of one chunk only are alive); `_SlowPath` if a chunk fails typed decoding."""
     parts: list[tuple[pl.DataFrame, dict[str, pl.DataFrame]]] = []
+    origin = _address(data) if evs and isinstance(evs[0], msgspec.Raw) else None
     for base in range(0, len(evs), CHUNK):
         chunk = evs[base : base + CHUNK]
-        if chunk and isinstance(chunk[0], msgspec.Raw):
-            try:
-                chunk = _EVENTS_DECODER.decode(b"[" + b",".join(chunk) + b"]")
-            except msgspec.DecodeError:  # includes ValidationError
-                raise _SlowPath from None
-        parts.append(_chunk_columns(chunk, base))
-        del chunk
+        if isinstance(chunk[0], msgspec.Raw):
+            rows: list[_LeanEvent] | list[_Event] = _decode_chunk(chunk, data, origin)
+            args_of = _raw_args(chunk)
+        else:
+            rows, args_of = chunk, _struct_args(chunk)
+        parts.append(_chunk_columns(rows, base, args_of))
+        del chunk, rows, args_of
     if len(parts) == 1:
         return parts[0]
     if not parts:
-        return _chunk_columns([], 0)
+        return _chunk_columns([], 0, _struct_args([]))
     return pl.concat([p[0] for p in parts]), {
         k: pl.concat([p[1][k] for p in parts]) for k in parts[0][1]
     }
 
 
-def _chunk_columns(evs: list[_Event], base: int) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
+class _PyBuffer(ctypes.Structure):
+    """CPython's `Py_buffer` (stable ABI), to read where a buffer's bytes live."""
+
+    _fields_ = (
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    )
+
+
+try:  # own function objects (`pythonapi[...]`): the attribute ones are shared process-wide
+    _get_buffer = ctypes.pythonapi["PyObject_GetBuffer"]
+    _get_buffer.argtypes = (ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
+    _get_buffer.restype = ctypes.c_int
+    _release_buffer = ctypes.pythonapi["PyBuffer_Release"]
+    _release_buffer.argtypes = (ctypes.POINTER(_PyBuffer),)
+    _release_buffer.restype = None
+except AttributeError:  # pragma: no cover - not CPython: chunks are joined instead
+    _get_buffer = None
+
+
+def _address(obj: Any) -> int | None:
+    """Address of the first byte of a buffer (None if it has none we may write around)."""
+    if _get_buffer is None or not isinstance(obj, mmap.mmap | msgspec.Raw):
+        return None  # bytes (gzip): immutable, chunks are joined instead
+    view = _PyBuffer()
+    try:
+        _get_buffer(obj, ctypes.byref(view), 0)
+    except (BufferError, TypeError, ValueError):  # pragma: no cover - both types export buffers
+        return None
+    try:
+        return view.buf
+    finally:
+        _release_buffer(ctypes.byref(view))
+
+
+def _decode_chunk(
+    chunk: list[msgspec.Raw], data: bytes | mmap.mmap, origin: int | None
+) -> list[_LeanEvent]:
+    """Typed decode of consecutive raw events. They are slices of one JSON array in the (private)
+    map, separated by commas and blanks only: writing `[` before the first and `]` after the last
+    makes that span itself a JSON array, decoded in place instead of joined into a copy (the join
+    cost as much as a third of the decode). Bytes are put back before returning."""
+    try:
+        if origin is not None and isinstance(data, mmap.mmap):
+            start = (_address(chunk[0]) or 0) - origin
+            end = (_address(chunk[-1]) or 0) - origin + len(chunk[-1])
+            if 0 < start < end < len(data):
+                before, after = data[start - 1], data[end]
+                data[start - 1], data[end] = 0x5B, 0x5D  # "[", "]"
+                try:
+                    with memoryview(data) as view, view[start - 1 : end + 1] as span:
+                        evs = _EVENTS_DECODER.decode(span)
+                finally:
+                    data[start - 1], data[end] = before, after
+                if len(evs) == len(chunk):
+                    return evs
+        return _EVENTS_DECODER.decode(b"[" + b",".join(chunk) + b"]")
+    except msgspec.DecodeError:  # includes ValidationError
+        raise _SlowPath from None
+
+
+ArgsOf = Callable[[list[int]], list[_Args]]
+
+
+def _struct_args(evs: list[_Event]) -> ArgsOf:
+    return lambda idx: [evs[i].args for i in idx]
+
+
+def _raw_args(chunk: list[msgspec.Raw]) -> ArgsOf:
+    """All `_Args` fields of the given rows, decoded from their raw slices."""
+
+    def args_of(idx: list[int]) -> list[_Args]:
+        # One decode per row: these rows are scattered (never two in a row in real traces), and
+        # joining their slices into one array cost more than the per-call overhead.
+        decode = _ARGS_DECODER.decode
+        try:
+            return [decode(chunk[i]).args for i in idx]
+        except msgspec.DecodeError:  # includes ValidationError
+            raise _SlowPath from None
+
+    return args_of
+
+
+def _chunk_columns(
+    evs: list[_LeanEvent] | list[_Event], base: int, args_of: ArgsOf
+) -> tuple[pl.DataFrame, dict[str, pl.DataFrame]]:
     """One column per field we use, straight from the Structs; rows numbered from `base`.
 
     Full passes only for fields every event needs; fields of a few categories (GPU args, flow ids,
@@ -432,47 +583,61 @@ def _chunk_columns(evs: list[_Event], base: int) -> tuple[pl.DataFrame, dict[str
             _str_series("ph", [e.ph for e in evs]),
             _str_series("cat", [e.cat for e in evs]),
             _str_series("name", [e.name for e in evs]),
-            _id_series("pid", [p if (p := e.pid).__class__ is int else None for e in evs], evs),
-            _id_series("tid", [t if (t := e.tid).__class__ is int else None for e in evs], evs),
+            _id_series("pid", [e.pid for e in evs]),
+            _id_series("tid", [e.tid for e in evs]),
             _num_series("ts", [e.ts for e in evs], pl.Float64),
             _num_series("dur", [e.dur for e in evs], pl.Float64),
             _num_series("external_id", [e.args.external_id for e in evs], pl.Int64),
             _num_series("correlation", [e.args.correlation for e in evs], pl.Int64),
         ]
     )
-    rows = df.select(
-        flow=pl.col("ph").is_in(["s", "f", "t"]),
-        gpu=pl.col("cat").is_in(GPU_CATS),
-        comm=pl.col("cat").is_in(["kernel", "Kernel"]) | (pl.col("name") == "record_param_comms"),
+    df = df.with_columns(
+        pl.col("ph").replace_strict(PH_CODE, default=0, return_dtype=pl.UInt8).alias("ph_code"),
+        pl.col("cat")
+        .replace_strict(KIND_OF_CAT, default="other", return_dtype=KIND)
+        .alias("cat_kind"),
+    )
+    masks = df.select(
+        flow=_IS_FLOW,
+        gpu=pl.col("cat_kind").is_in(GPU_CAT_KINDS),
+        comm=(pl.col("cat_kind") == "kernel") | (pl.col("name") == "record_param_comms"),
     )
     # Fields of a few categories go to small side frames keyed by row, joined where needed
     # (cheaper than full-length null columns). Index with plain lists: iterating a polars
     # Series from Python is per-element slow.
+    needed = pl.col("gpu") | pl.col("comm")
+    flow_idx, need = masks.select(
+        pl.col("flow").arg_true().implode(), needed.arg_true().implode().alias("need")
+    ).row(0)
+    # Positions within `need` of the GPU rows and of the collective candidates.
+    gpu_pos, comm_pos = (
+        masks.filter(needed)
+        .select(pl.col("gpu").arg_true().implode(), pl.col("comm").arg_true().implode())
+        .row(0)
+    )
     df = df.with_row_index("row", offset=base)
-    idx = rows.get_column("flow").arg_true().to_list()
     flow = pl.DataFrame(
         [
-            _row_series(idx, base),
-            _num_series("id", [evs[i].id for i in idx], pl.Int64),
+            _row_series(flow_idx, base),
+            _num_series("id", [evs[i].id for i in flow_idx], pl.Int64),
         ]
     )
-    idx = rows.get_column("gpu").arg_true().to_list()
-    sub = [evs[i].args for i in idx]
+    # The full args of GPU and collective rows, once; then each side frame's share of them.
+    need_args = args_of(need)
+    sub = [need_args[j] for j in gpu_pos]
     gpu = pl.DataFrame(
         [
-            _row_series(idx, base),
+            _row_series([need[j] for j in gpu_pos], base),
             *(_num_series(f, list(map(attrgetter(f), sub)), pl.Int64) for f in GPU_ARG_FIELDS),
         ]
     )
 
     # Collective metadata: a small side frame keyed by row, joined only by the comms builder.
-    idx = rows.get_column("comm").arg_true().to_list()
-    sub = [evs[i].args for i in idx]
-    keep = [j for j, a in enumerate(sub) if a.collective is not None]
-    sub = [sub[j] for j in keep]
+    keep = [j for j in comm_pos if need_args[j].collective is not None]
+    sub = [need_args[j] for j in keep]
     meta = pl.DataFrame(
         [
-            _row_series([idx[j] for j in keep], base),
+            _row_series([need[j] for j in keep], base),
             _str_series("collective", [a.collective for a in sub]),
             *(
                 _num_series(f, list(map(attrgetter(f), sub)), pl.Int64)
@@ -500,13 +665,19 @@ def _split_str(v: StrOrList) -> str | None:
     return str(v) if isinstance(v, list) else v
 
 
-def _id_series(name: str, ints: list[int | None], evs: list[_Event]) -> pl.Series:
-    """pid/tid: ints (pre-filtered, so polars takes its fast path), except strings for the
-    "Spans"/"Traces" rows and "stream 7"-style tids in old files, parsed here for those rows."""
+def _id_series(name: str, values: list[Any]) -> pl.Series:
+    """pid/tid: ints, except strings for the "Spans"/"Traces" rows (Kineto writes them last) and
+    "stream 7"-style tids in old files, parsed here for those rows. Structs never hold bools, so
+    a strict build succeeds exactly when every value is an int64 or None (polars' fast path)."""
+    try:
+        return pl.Series(name, values, dtype=pl.Int64, strict=True)
+    except (TypeError, OverflowError, pl.exceptions.PolarsError):
+        pass
+    ints = [v if v.__class__ is int else None for v in values]
     s = pl.Series(name, ints, dtype=pl.Int64, strict=False)
     if s.null_count():
         idx = s.is_null().arg_true()
-        raw = [getattr(evs[i], name) for i in idx.to_list()]
+        raw = [values[i] for i in idx.to_list()]
         parsed = _str_series(name, raw).str.extract(r"(-?\d+)\s*$").cast(pl.Int64, strict=False)
         s = s.scatter(idx, parsed)
     return s
@@ -527,39 +698,47 @@ def _ns(us: pl.Expr, base_ns: int) -> pl.Expr:
 
 def _events(timed: pl.LazyFrame, rank: int) -> pl.DataFrame:
     kind = (
-        pl.when(pl.col("ph").is_in(["i", "I"]))
+        pl.when(pl.col("ph_code") == PH_INSTANT)
         .then(pl.lit("instant", dtype=KIND))
-        .otherwise(pl.col("cat").replace_strict(KIND_OF_CAT, default="other", return_dtype=KIND))
+        .otherwise(pl.col("cat_kind"))
     )
     df = timed.with_columns(kind.alias("kind"))
     on_gpu = pl.col("kind").is_in(DEVICE_KINDS)
-    # "Memcpy DtoH (Device -> Pageable)": the direction is chars 7-10 (a slice, not a regex
-    # over every row: when/then evaluates both branches on the whole column).
-    copy = pl.col("name").str.slice(7, 4)
     df = df.with_columns(
         pl.lit(rank, dtype=pl.Int32).alias("rank"),
         pl.col("dur_ns").clip(lower_bound=0).fill_null(0),
         pl.when(on_gpu).then(pl.col("device").fill_null(pl.col("pid"))).alias("device"),
         pl.when(on_gpu).then(pl.col("stream").fill_null(pl.col("tid"))).alias("stream"),
         pl.when(pl.col("kind").is_in(["memcpy", "memset"])).then(pl.col("bytes")).alias("bytes"),
-        pl.when(pl.col("kind") == "memcpy")
-        .then(pl.when(copy.is_in(COPY_KINDS_IN_NAME)).then(copy).otherwise(pl.lit("other")))
-        .alias("copy_kind"),
-        pl.when(pl.col("kind") == "sync")
-        .then(
-            pl.col("name").replace_strict(
-                SYNC_KIND_OF_NAME, default="other", return_dtype=pl.String
-            )
-        )
-        .alias("sync_kind"),
         pl.col("wait_on_stream").alias("wait_stream"),
         pl.col("wait_on_cuda_event_record_corr_id").alias("wait_correlation"),
+    ).collect()
+    # "Memcpy DtoH (Device -> Pageable)": the direction is chars 7-10 (a slice, not a regex).
+    copy = pl.col("name").str.slice(7, 4)
+    copy_kind = pl.when(copy.is_in(COPY_KINDS_IN_NAME)).then(copy).otherwise(pl.lit("other"))
+    sync_kind = pl.col("name").replace_strict(
+        SYNC_KIND_OF_NAME, default="other", return_dtype=pl.String
     )
-    return df.select(pl.col(c).cast(t) for c, t in EVENTS_SCHEMA.items()).collect()
+    df = df.with_columns(
+        _on_kind(df, "memcpy", copy_kind, EVENTS_SCHEMA["copy_kind"]).alias("copy_kind"),
+        _on_kind(df, "sync", sync_kind, EVENTS_SCHEMA["sync_kind"]).alias("sync_kind"),
+    )
+    return df.select(pl.col(c).cast(t) for c, t in EVENTS_SCHEMA.items())
+
+
+def _on_kind(df: pl.DataFrame, kind: str, expr: pl.Expr, dtype: pl.DataType) -> pl.Series:
+    """`expr` (over `name`) on the rows of one kind, null elsewhere: the string work runs on those
+    few rows only (`when(kind).then(expr)` would evaluate `expr` on every row)."""
+    out = pl.repeat(None, df.height, dtype=dtype, eager=True)
+    idx = (df.get_column("kind") == kind).arg_true()
+    if idx.len():
+        vals = df.select(pl.col("name").gather(idx)).select(expr.cast(dtype)).to_series()
+        out = out.scatter(idx, vals)
+    return out
 
 
 def _flows(raw: pl.DataFrame, rank: int) -> pl.DataFrame:
-    df = raw.filter(pl.col("ph").is_in(["s", "f", "t"]) & pl.col("ts_ns").is_not_null())
+    df = raw.filter(pl.col("ts_ns").is_not_null())
     df = df.with_columns(
         pl.lit(rank, dtype=pl.Int32).alias("rank"),
         pl.col("id").alias("flow_id"),

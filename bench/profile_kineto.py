@@ -1,0 +1,103 @@
+"""CPU cost of `read_kineto` per file: best of N `time.process_time()` reads in one process (all
+threads, user + system), MB of JSON per CPU-second, optionally a cProfile of one more read.
+
+    python bench/profile_kineto.py FILE [FILE ...] [--repeat 5] [--profile] [--rss]
+    python bench/profile_kineto.py FILE ... --against /tmp/kineto_before.py   # A/B, interleaved
+
+`--against PATH` loads another copy of the reader module (e.g. `git show HEAD~1:analyzer/readers/
+kineto.py > /tmp/kineto_before.py`) and alternates reads between the two, so that both see the
+same machine load; the best of N of each is printed. `--rss` first reads each file once in a fresh
+subprocess per reader and prints its peak RSS (`ru_maxrss`), before this process reads anything:
+Linux carries a parent's high-water mark into a child across fork/exec, so a child started after
+a big read would report the parent's peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib.util
+import pstats
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+READER = ROOT / "analyzer" / "readers" / "kineto.py"
+sys.path.insert(0, str(ROOT))
+
+RSS_CHILD = """
+import importlib.util, resource, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+spec = importlib.util.spec_from_file_location("kineto_under_test", sys.argv[2])
+mod = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = mod
+spec.loader.exec_module(mod)
+mod.read_kineto(Path(sys.argv[1]), default_rank=0)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def load_reader(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # msgspec resolves the Structs' annotations through the module
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cpu_of(read: Callable[..., object], path: Path) -> float:
+    t = time.process_time()
+    read(path, default_rank=0)
+    return time.process_time() - t
+
+
+def peak_rss_mb(path: Path, reader: Path) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", RSS_CHILD, str(path), str(reader), str(ROOT)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(out.stdout.strip()) / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--rss", action="store_true")
+    ap.add_argument("--against", type=Path, help="another copy of kineto.py to compare with")
+    args = ap.parse_args()
+    readers = {"now": READER}
+    if args.against:
+        readers = {"before": args.against, **readers}
+    if args.rss:
+        for p in args.files:
+            rss = "  ".join(f"{k} {peak_rss_mb(p, r):.0f} MB" for k, r in readers.items())
+            print(f"{p.name}: peak RSS {rss}", flush=True)
+    mods = {k: load_reader(r, f"kineto_{k}") for k, r in readers.items()}
+    for p in args.files:
+        mb = p.stat().st_size / 1e6
+        best = dict.fromkeys(mods, float("inf"))
+        for _ in range(args.repeat):
+            for k, m in mods.items():
+                best[k] = min(best[k], cpu_of(m.read_kineto, p))
+        cols = "  |  ".join(
+            f"{k}: {cpu:.3f} CPU-s {mb / cpu:6.1f} MB/CPU-s" for k, cpu in best.items()
+        )
+        print(f"{p.name} ({mb:.1f} MB): {cols}", flush=True)
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.runcall(mods["now"].read_kineto, p, default_rank=0)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+
+
+if __name__ == "__main__":
+    main()
