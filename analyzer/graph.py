@@ -37,7 +37,8 @@ sync or event wait)
 become one node, keyed by the first kernel's id (`members` maps every event id to its node); the
 launch calls of the absorbed kernels are dropped from the host chain (their time stays host time
 in the gaps). Collective matching needs every member rank to hold the same number of collectives
-of a group; otherwise that group is left unlinked and counted.
+of a group; otherwise that group is left unlinked and counted. Above
+`critical_path.GRAPH_MAX_EVENTS` GPU ops + host calls, `diagnose` asks for one step's window only.
 """
 
 from __future__ import annotations
