@@ -468,6 +468,8 @@ def _columns(
         else:
             rows, args_of = chunk, _struct_args(chunk)
         parts.append(_chunk_columns(rows, base, args_of))
+        if origin is not None:
+            _release_pages(data, origin, chunk[-1])
         del chunk, rows, args_of
     if len(parts) == 1:
         return parts[0]
@@ -476,6 +478,19 @@ def _columns(
     return pl.concat([p[0] for p in parts]), {
         k: pl.concat([p[1][k] for p in parts]) for k in parts[0][1]
     }
+
+
+def _release_pages(data: bytes | mmap.mmap, origin: int, last: msgspec.Raw) -> None:
+    """Drop the map's pages up to the last whole page before `last` ends: the chunk is in
+    frames now, so its bytes need not stay resident (−1× the file at the reader's peak). The map
+    is private and file-backed: a page touched again (a raw slice, the lenient fallback) is read
+    back from the file, as it was."""
+    if not isinstance(data, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    end = (_address(last) or origin) - origin + len(last)
+    end -= end % mmap.PAGESIZE
+    if end > 0:
+        data.madvise(mmap.MADV_DONTNEED, 0, end)
 
 
 class _PyBuffer(ctypes.Structure):
