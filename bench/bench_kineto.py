@@ -378,9 +378,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clean", action="store_true", help="delete the workdir afterwards")
     args = ap.parse_args(argv)
 
-    if args.worker:  # the CLI's allocator setting (moetune/cli.py), before polars loads
-        sys.path.insert(0, str(ROOT))
-        import moetune.cli  # noqa: F401
     if args.worker == "read":
         print(json.dumps(worker_read(args.path, args.repeat, args.gz)))
         return 0

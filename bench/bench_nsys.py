@@ -85,9 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--worker", nargs=2, metavar=("STAGE", "FILE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.worker:  # the CLI's allocator setting (moetune/cli.py), before polars loads
-        sys.path.insert(0, str(ROOT))
-        import moetune.cli  # noqa: F401
+    if args.worker:
         print(json.dumps(worker(args.worker[0], Path(args.worker[1]), args.max_rss_mb)))
         return 0
     results: dict = {"cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}

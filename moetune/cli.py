@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 
 from moetune import __version__
 from moetune.errors import GateFailed, UserError
-
-# polars' allocator (jemalloc) keeps freed pages for 10 s by default; a diagnosis is a burst of
-# large short-lived frames, so that retention is up to a third of its peak RSS. 50 ms returns
-# them at no measurable CPU cost (0 ms would cost ~20 % CPU). Set before polars loads; a
-# user's own setting wins. bench/README.md "Allocator" has the numbers.
-ALLOCATOR_CONF = "dirty_decay_ms:50,muzzy_decay_ms:0"
-os.environ.setdefault("_RJEM_MALLOC_CONF", ALLOCATOR_CONF)
 
 # Subcommand name -> module under moetune.commands. Each module defines
 # `add_parser(subparsers) -> argparse.ArgumentParser` and `run(args) -> int`.
