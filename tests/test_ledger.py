@@ -103,7 +103,7 @@ def test_cli_ledger_lists_and_json(tmp_path: Path) -> None:
     jsonschema.validate(json.loads(out.stdout), SCHEMA)
     txt = subprocess.run([sys.executable, "-m", "moetune", "ledger", "--ledger", str(path)],
                          capture_output=True, text=True, cwd=root)
-    assert "r0:screen:k=v:0" in txt.stdout and "accepted (gain +20.0%)" in txt.stdout
+    assert "r0:screen:k=v:0" in txt.stdout and "accepted (gain +20.0%, predicted +10.0% by user, noise ±5.0%)" in txt.stdout
     missing = subprocess.run([sys.executable, "-m", "moetune", "ledger", "--ledger",
                               str(tmp_path / "none.db")], capture_output=True, text=True, cwd=root)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
