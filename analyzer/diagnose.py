@@ -21,6 +21,7 @@ from typing import Any
 
 import polars as pl
 
+from analyzer import device_memory
 from analyzer.classify import KernelClasses, class_table, classify, load_classes
 from analyzer.critical_path import diagnosis_section
 from analyzer.frames import GPU_KINDS, Trace
@@ -55,8 +56,9 @@ class Context:
 Section = tuple[str, Callable[[Trace, Steps, Context], dict[str, Any]]]
 
 # Sections owned by other modules: the timeline graph (built once) gives critical_path, blocking
-# and, with several ranks, ranks.
-SECTIONS: list[Section] = [("timeline_graph", diagnosis_section)]
+# and, with several ranks, ranks; the allocator's events give memory.
+SECTIONS: list[Section] = [("timeline_graph", diagnosis_section),
+                           ("device_memory", device_memory.diagnosis_section)]
 
 
 def diagnose(

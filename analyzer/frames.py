@@ -66,6 +66,19 @@ ranks: one row per rank (whitelisted metadata only; never the capturing host's e
 | nccl_version | String | |
 | clock_offset_ns | Int64 | add to ts_ns to put this rank on a shared clock (0 when unknown) |
 | graph_trace_mode | String | nsys `graph` / `node`; Kineto `node` (kernels always listed) |
+| device_memory_bytes | Int64 | total memory of the rank's GPU (Kineto `totalGlobalMem`, nsys `TARGET_INFO_GPU.totalMemory`) |
+
+memory: caching-allocator events (Kineto `[memory]` instants, written with `profile_memory=True`),
+one row per allocation or free; empty when the profile has none (nsys exports: not read).
+
+| column | dtype | meaning |
+|---|---|---|
+| rank | Int32 | |
+| ts_ns | Int64 | |
+| device_type | Int32 | c10 DeviceType: 0 CPU, 1 CUDA |
+| device | Int32 | device ordinal |
+| bytes | Int64 | this allocation (> 0) or free (< 0) |
+| allocated, reserved | Int64 | the allocator's totals after it (`Total Allocated`, `Total Reserved`) |
 """
 
 from __future__ import annotations
@@ -174,6 +187,19 @@ RANKS_SCHEMA = pl.Schema(
         "nccl_version": pl.String,
         "clock_offset_ns": pl.Int64,
         "graph_trace_mode": pl.String,
+        "device_memory_bytes": pl.Int64,
+    }
+)
+
+MEMORY_SCHEMA = pl.Schema(
+    {
+        "rank": pl.Int32,
+        "ts_ns": pl.Int64,
+        "device_type": pl.Int32,
+        "device": pl.Int32,
+        "bytes": pl.Int64,
+        "allocated": pl.Int64,
+        "reserved": pl.Int64,
     }
 )
 
@@ -209,6 +235,7 @@ class Trace:
     flows: pl.DataFrame = field(default_factory=lambda: empty(FLOWS_SCHEMA))
     ranks: pl.DataFrame = field(default_factory=lambda: empty(RANKS_SCHEMA))
     warnings: tuple[str, ...] = ()
+    memory: pl.DataFrame = field(default_factory=lambda: empty(MEMORY_SCHEMA))
 
     @property
     def gpu(self) -> pl.DataFrame:
@@ -249,4 +276,5 @@ def concat_traces(traces: Iterable[Trace]) -> Trace:
         flows=pl.concat([t.flows for t in ts], how="vertical"),
         ranks=pl.concat([t.ranks for t in ts], how="vertical").sort("rank"),
         warnings=tuple(w for t in ts for w in t.warnings),
+        memory=pl.concat([t.memory for t in ts], how="vertical"),
     )

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from analyzer import critical_path, ranks
+from analyzer import critical_path, device_memory, ranks
 
 WALL_ORDER = ("compute", "communication", "memory", "host")
 
@@ -69,7 +69,8 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
         f"fp8 gemm {'yes' if o['fp8_gemm'] else 'no'} · grouped gemm {'yes' if o['grouped_gemm'] else 'no'} · "
         f"recompute {_pct(o['recompute_fraction'])} of compute · offload copies {_pct(o['offload_copy_fraction'])} of step"
     )
-    for line in critical_path.summary_lines(doc) + ranks.summary_lines(doc):
+    for line in (critical_path.summary_lines(doc) + ranks.summary_lines(doc)
+                 + device_memory.summary_lines(doc)):
         out.print(line, markup=False)
 
 

@@ -42,6 +42,7 @@ from analyzer.frames import (
     EVENTS_SCHEMA,
     FLOWS_SCHEMA,
     KIND,
+    MEMORY_SCHEMA,
     RANKS_SCHEMA,
     Trace,
     conform,
@@ -100,6 +101,11 @@ class _Args(
         "pg_desc": "Process Group Description",
         "pg_ranks": "Process Group Ranks",
         "seq": "Seq",
+        "mem_device_type": "Device Type",
+        "mem_device": "Device Id",
+        "mem_bytes": "Bytes",
+        "total_allocated": "Total Allocated",
+        "total_reserved": "Total Reserved",
     },
 ):
     external_id: Num = None
@@ -122,6 +128,12 @@ class _Args(
     pg_desc: Num = None
     pg_ranks: StrOrList = None
     seq: Num = None
+    # `[memory]` instants (profile_memory=True): the caching allocator's state after each event
+    mem_device_type: Num = None
+    mem_device: Num = None
+    mem_bytes: Num = None
+    total_allocated: Num = None
+    total_reserved: Num = None
 
 
 _NO_ARGS = _Args()
@@ -146,10 +158,26 @@ _EVENT_FIELDS = tuple(f for f in _Event.__struct_fields__ if f != "args")
 
 class _LeanArgs(msgspec.Struct, frozen=True, gc=False, rename={"external_id": "External id"}):
     """The two args every row needs; the rest (`_Args`) are decoded for GPU/collective rows only
-    (9–12 % of rows), from their raw slices: smaller Structs, fewer ints to build and free."""
+    (9–12 % of rows), from their raw slices: smaller Structs, fewer ints to build and free.
+    (Adding the five allocator fields here cost every row +13 % CPU; `[memory]` rows are decoded
+    a second time instead, with `_MemOnly`.)"""
 
     external_id: Num = None
     correlation: Num = None
+
+
+class _MemArgs(msgspec.Struct, frozen=True, gc=False, rename={
+        "mem_device_type": "Device Type", "mem_device": "Device Id", "mem_bytes": "Bytes",
+        "total_allocated": "Total Allocated", "total_reserved": "Total Reserved"}):
+    mem_device_type: Num = None
+    mem_device: Num = None
+    mem_bytes: Num = None
+    total_allocated: Num = None
+    total_reserved: Num = None
+
+
+class _MemOnly(msgspec.Struct, gc=False):
+    args: _MemArgs = _MemArgs()
 
 
 _NO_LEAN_ARGS = _LeanArgs()
@@ -174,6 +202,7 @@ class _ArgsOnly(msgspec.Struct, gc=False):
 class _Device(msgspec.Struct, gc=False):
     id: Num = None
     name: Num = None
+    totalGlobalMem: Num = None
     numSms: Num = None
     computeMajor: Num = None
     computeMinor: Num = None
@@ -209,6 +238,7 @@ class _RawDoc(msgspec.Struct, gc=False):
 _RAW_DOC_DECODER = msgspec.json.Decoder(_RawDoc)
 _EVENTS_DECODER = msgspec.json.Decoder(list[_LeanEvent])
 _ARGS_DECODER = msgspec.json.Decoder(_ArgsOnly)
+_MEM_DECODER = msgspec.json.Decoder(_MemOnly)
 CHUNK = 32768
 RAW_MIN_BYTES = 16 << 20  # ≈ 64k events of Kineto's ~250 bytes
 
@@ -260,11 +290,13 @@ def read_kineto(path: Path, *, default_rank: int) -> Trace:
 
     # Lazy for the events frame: derivations and the final casts run as one query.
     meta = timed.join(side["meta"], on="row", how="inner")
+    mem = timed.select("row", "ts_ns").join(side["mem"], on="row", how="inner")
     events = _events(timed.lazy(), rank)
     del timed, side  # before the comms and ranks frames are built: lower peak memory
     comms = _comms(meta, events, rank)
     ranks = _ranks(dist, devices, events, rank, path)
-    return Trace(events=events, comms=comms, flows=flows, ranks=ranks, warnings=tuple(warnings))
+    return Trace(events=events, comms=comms, flows=flows, ranks=ranks, warnings=tuple(warnings),
+                 memory=_memory(mem, rank))
 
 
 # --------------------------------------------------------------------------- reading and decoding
@@ -451,6 +483,9 @@ GPU_ARG_FIELDS = (
     "wait_on_stream",
     "wait_on_cuda_event_record_corr_id",
 )
+MEMORY_EVENT = "[memory]"
+MEMORY_ARG_FIELDS = ("mem_device_type", "mem_device", "mem_bytes", "total_allocated",
+                     "total_reserved")
 
 
 def _columns(
@@ -563,20 +598,22 @@ def _decode_chunk(
         raise _SlowPath from None
 
 
-ArgsOf = Callable[[list[int]], list[_Args]]
+# (row indices, allocator fields only?) → those rows' args (`_Args`, or `_MemArgs` when only the
+# allocator fields are asked for: `_Args` has them too)
+ArgsOf = Callable[[list[int], bool], list[Any]]
 
 
 def _struct_args(evs: list[_Event]) -> ArgsOf:
-    return lambda idx: [evs[i].args for i in idx]
+    return lambda idx, mem=False: [evs[i].args for i in idx]
 
 
 def _raw_args(chunk: list[msgspec.Raw]) -> ArgsOf:
-    """All `_Args` fields of the given rows, decoded from their raw slices."""
+    """The args of the given rows, decoded from their raw slices."""
 
-    def args_of(idx: list[int]) -> list[_Args]:
+    def args_of(idx: list[int], mem: bool = False) -> list[Any]:
         # One decode per row: these rows are scattered (never two in a row in real traces), and
         # joining their slices into one array cost more than the per-call overhead.
-        decode = _ARGS_DECODER.decode
+        decode = (_MEM_DECODER if mem else _ARGS_DECODER).decode
         try:
             return [decode(chunk[i]).args for i in idx]
         except msgspec.DecodeError:  # includes ValidationError
@@ -616,13 +653,15 @@ def _chunk_columns(
         flow=_IS_FLOW,
         gpu=pl.col("cat_kind").is_in(GPU_CAT_KINDS),
         comm=(pl.col("cat_kind") == "kernel") | (pl.col("name") == "record_param_comms"),
+        mem=pl.col("name") == MEMORY_EVENT,
     )
     # Fields of a few categories go to small side frames keyed by row, joined where needed
     # (cheaper than full-length null columns). Index with plain lists: iterating a polars
     # Series from Python is per-element slow.
     needed = pl.col("gpu") | pl.col("comm")
-    flow_idx, need = masks.select(
-        pl.col("flow").arg_true().implode(), needed.arg_true().implode().alias("need")
+    flow_idx, mem_idx, need = masks.select(
+        pl.col("flow").arg_true().implode(), pl.col("mem").arg_true().implode(),
+        needed.arg_true().implode().alias("need")
     ).row(0)
     # Positions within `need` of the GPU rows and of the collective candidates.
     gpu_pos, comm_pos = (
@@ -638,7 +677,7 @@ def _chunk_columns(
         ]
     )
     # The full args of GPU and collective rows, once; then each side frame's share of them.
-    need_args = args_of(need)
+    need_args = args_of(need, False)
     sub = [need_args[j] for j in gpu_pos]
     gpu = pl.DataFrame(
         [
@@ -668,7 +707,14 @@ def _chunk_columns(
             ),
         ]
     )
-    return df, {"flow": flow, "gpu": gpu, "meta": meta}
+    sub = args_of(mem_idx, True)
+    mem = pl.DataFrame(
+        [
+            _row_series(mem_idx, base),
+            *(_num_series(f, list(map(attrgetter(f), sub)), pl.Int64) for f in MEMORY_ARG_FIELDS),
+        ]
+    )
+    return df, {"flow": flow, "gpu": gpu, "meta": meta, "mem": mem}
 
 
 def _row_series(idx: list[int], base: int) -> pl.Series:
@@ -750,6 +796,22 @@ def _on_kind(df: pl.DataFrame, kind: str, expr: pl.Expr, dtype: pl.DataType) -> 
         vals = df.select(pl.col("name").gather(idx)).select(expr.cast(dtype)).to_series()
         out = out.scatter(idx, vals)
     return out
+
+
+def _memory(mem: pl.DataFrame, rank: int) -> pl.DataFrame:
+    """Allocator events (`[memory]` instants) in file order, per MEMORY_SCHEMA."""
+    return conform(
+        mem.sort("row").select(
+            pl.lit(rank, dtype=pl.Int32).alias("rank"),
+            "ts_ns",
+            pl.col("mem_device_type").alias("device_type"),
+            pl.col("mem_device").alias("device"),
+            pl.col("mem_bytes").alias("bytes"),
+            pl.col("total_allocated").alias("allocated"),
+            pl.col("total_reserved").alias("reserved"),
+        ),
+        MEMORY_SCHEMA,
+    )
 
 
 def _flows(raw: pl.DataFrame, rank: int) -> pl.DataFrame:
@@ -890,6 +952,7 @@ def _ranks(
         "nccl_version": _str_or_none(dist.nccl_version) if dist else None,
         "clock_offset_ns": 0,
         "graph_trace_mode": "node",  # Kineto lists every graph-replayed kernel
+        "device_memory_bytes": _as_int(dev.totalGlobalMem) if dev else None,
     }
     return pl.DataFrame([row], schema=RANKS_SCHEMA)
 

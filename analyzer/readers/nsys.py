@@ -709,6 +709,7 @@ def _ranks(
                 "nccl_version": None,
                 "clock_offset_ns": offset,
                 "graph_trace_mode": mode,
+                "device_memory_bytes": info.get("mem"),
             }
         )
     return conform(pl.DataFrame(rows, schema_overrides=dict(RANKS_SCHEMA)), RANKS_SCHEMA)
@@ -721,10 +722,11 @@ def _gpu_info(db: Db) -> dict[str, list[dict]]:
     if db.has(t):
         cols = db.tables[t]
         sel = [c if c in cols else "NULL" for c in
-               ("id", "name", "smCount", "computeMajor", "computeMinor", "cuDevice")]
-        for gid, name, sms, major, minor, cudev in db.rows(f'SELECT {", ".join(sel)} FROM "{t}"'):
+               ("id", "name", "smCount", "computeMajor", "computeMinor", "cuDevice", "totalMemory")]
+        for gid, name, sms, major, minor, cudev, mem in db.rows(
+                f'SELECT {", ".join(sel)} FROM "{t}"'):
             gpus.append({
-                "id": gid, "name": name, "sms": sms, "cudev": cudev,
+                "id": gid, "name": name, "sms": sms, "cudev": cudev, "mem": mem,
                 "cc": f"{major}.{minor}" if major is not None and minor is not None else None,
             })
     devs: list[dict] = []
