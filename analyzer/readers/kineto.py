@@ -83,8 +83,21 @@ SYNC_KIND_OF_NAME = {
 COPY_KINDS_IN_NAME = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
 
 
+# `[memory]` instants (profile_memory=True): the caching allocator's state after each event
+_MEM_KEYS = {"mem_device_type": "Device Type", "mem_device": "Device Id", "mem_bytes": "Bytes",
+             "total_allocated": "Total Allocated", "total_reserved": "Total Reserved"}
+
+
+class _MemArgs(msgspec.Struct, frozen=True, gc=False, rename=_MEM_KEYS):
+    mem_device_type: Num = None
+    mem_device: Num = None
+    mem_bytes: Num = None
+    total_allocated: Num = None
+    total_reserved: Num = None
+
+
 class _Args(
-    msgspec.Struct,
+    _MemArgs,
     frozen=True,
     gc=False,
     rename={
@@ -101,13 +114,11 @@ class _Args(
         "pg_desc": "Process Group Description",
         "pg_ranks": "Process Group Ranks",
         "seq": "Seq",
-        "mem_device_type": "Device Type",
-        "mem_device": "Device Id",
-        "mem_bytes": "Bytes",
-        "total_allocated": "Total Allocated",
-        "total_reserved": "Total Reserved",
+        **_MEM_KEYS,
     },
 ):
+    """Every arg we read (the allocator's five come from `_MemArgs`)."""
+
     external_id: Num = None
     correlation: Num = None
     device: Num = None
@@ -128,12 +139,6 @@ class _Args(
     pg_desc: Num = None
     pg_ranks: StrOrList = None
     seq: Num = None
-    # `[memory]` instants (profile_memory=True): the caching allocator's state after each event
-    mem_device_type: Num = None
-    mem_device: Num = None
-    mem_bytes: Num = None
-    total_allocated: Num = None
-    total_reserved: Num = None
 
 
 _NO_ARGS = _Args()
@@ -166,16 +171,6 @@ class _LeanArgs(msgspec.Struct, frozen=True, gc=False, rename={"external_id": "E
     correlation: Num = None
 
 
-class _MemArgs(msgspec.Struct, frozen=True, gc=False, rename={
-        "mem_device_type": "Device Type", "mem_device": "Device Id", "mem_bytes": "Bytes",
-        "total_allocated": "Total Allocated", "total_reserved": "Total Reserved"}):
-    mem_device_type: Num = None
-    mem_device: Num = None
-    mem_bytes: Num = None
-    total_allocated: Num = None
-    total_reserved: Num = None
-
-
 class _MemOnly(msgspec.Struct, gc=False):
     args: _MemArgs = _MemArgs()
 
@@ -183,16 +178,10 @@ class _MemOnly(msgspec.Struct, gc=False):
 _NO_LEAN_ARGS = _LeanArgs()
 
 
-class _LeanEvent(msgspec.Struct, gc=False):
-    ph: Num = None
-    cat: Num = None
-    name: Num = None
-    pid: Num = None
-    tid: Num = None
-    ts: Num = None
-    dur: Num = None
-    id: Num = None
-    args: _LeanArgs = _NO_LEAN_ARGS
+class _LeanEvent(_Event, gc=False):
+    """`_Event` with only the args every row needs."""
+
+    args: _LeanArgs = _NO_LEAN_ARGS  # type: ignore[assignment]
 
 
 class _ArgsOnly(msgspec.Struct, gc=False):
