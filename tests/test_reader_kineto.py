@@ -751,17 +751,26 @@ def _same(a: Trace, b: Trace) -> bool:
     )
 
 
+def _whole_and_chunked(path: Path, monkeypatch: pytest.MonkeyPatch,
+                       chunk: int | None = None) -> tuple:
+    """`path` read by the whole-file typed decode, then by the raw-slice chunked path (`chunk`
+    events at a time when given)."""
+    import analyzer.readers.kineto as k
+
+    monkeypatch.setattr(k, "RAW_MIN_BYTES", 1 << 40)
+    whole = read_kineto(path, default_rank=0)
+    monkeypatch.setattr(k, "RAW_MIN_BYTES", 0)
+    if chunk is not None:
+        monkeypatch.setattr(k, "CHUNK", chunk)
+    return whole, read_kineto(path, default_rank=0)
+
+
 def test_chunked_decode_equals_whole_decode(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Raw slices decoded 1,000 events at a time (rows renumbered per chunk, side frames concatenated)
     give the same frames as one typed decode of the whole file."""
-    import analyzer.readers.kineto as k
 
     path = corpus / "public" / "kineto" / "hta_a100_2rank_nccl.json.gz"
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 1 << 40)  # whole-file typed decode
-    whole = read_kineto(path, default_rank=0)
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 0)
-    monkeypatch.setattr(k, "CHUNK", 1000)
-    chunked = read_kineto(path, default_rank=0)
+    whole, chunked = _whole_and_chunked(path, monkeypatch, 1000)
     assert _same(whole, chunked)
     assert (chunked.events.height, chunked.flows.height, chunked.comms.height) == (
         whole.events.height,
@@ -777,17 +786,12 @@ def test_chunk_failing_typed_decode_falls_back_to_whole_file(
 ) -> None:
     """A bad event in a late chunk (after good chunks were built) restarts the lenient whole-file
     decode: same frames and warnings as the small-file path."""
-    import analyzer.readers.kineto as k
 
     evs = [ev(ts=100 + i, args={"External id": i}) for i in range(7)]
     evs.append(ev(ts=[1, 2]) if bad == "mistyped" else ev(name="NAME"))
     raw = json.dumps({"traceEvents": evs}).encode().replace(b"NAME", b"bad\xffname")
     path = write(tmp_path, "late_bad.json", raw)
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 1 << 40)
-    whole = read_kineto(path, default_rank=0)
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 0)
-    monkeypatch.setattr(k, "CHUNK", 3)
-    chunked = read_kineto(path, default_rank=0)
+    whole, chunked = _whole_and_chunked(path, monkeypatch, 3)
     assert _same(whole, chunked)
     expect = "lenient" if bad == "mistyped" else "UTF-8"
     assert any(expect in w for w in chunked.warnings)
@@ -811,11 +815,8 @@ def test_in_place_chunks_equal_whole_decode_and_leave_file_intact(
     src = corpus / "public" / "kineto" / "hta_a100_2rank_nccl.json.gz"
     path = write(tmp_path, "a100.json", gzip.decompress(src.read_bytes()))
     digest, mtime = hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 1 << 40)
-    whole = read_kineto(path, default_rank=0)
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 0)
-    monkeypatch.setattr(k, "CHUNK", 999)  # 41 chunks, boundaries at every separator layout
-    chunked = read_kineto(path, default_rank=0)
+    # 41 chunks, boundaries at every separator layout
+    whole, chunked = _whole_and_chunked(path, monkeypatch, 999)
     assert _same(whole, chunked) and chunked.events.height == 26935
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
     assert path.stat().st_mtime_ns == mtime
@@ -848,16 +849,11 @@ def test_bad_gpu_args_in_late_chunk_fall_back(
 ) -> None:
     """GPU args are decoded in a second pass, from the rows' raw slices: a mistyped one there still
     sends the whole file through the lenient decode (same frames and warning as the small path)."""
-    import analyzer.readers.kineto as k
 
     evs = [ev(ts=100 + i, args={"External id": i}) for i in range(7)]
     evs.append(ev(cat="kernel", pid=0, tid=7, ts=200, args={"stream": {"x": 1}, "device": 0}))
     path = write(tmp_path, "late_gpu.json" + (".gz" if gz else ""), {"traceEvents": evs}, gz=gz)
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 1 << 40)
-    whole = read_kineto(path, default_rank=0)
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 0)
-    monkeypatch.setattr(k, "CHUNK", 3)
-    chunked = read_kineto(path, default_rank=0)
+    whole, chunked = _whole_and_chunked(path, monkeypatch, 3)
     assert _same(whole, chunked)
     assert any("lenient" in w for w in chunked.warnings)
     kern = chunked.events.filter(pl.col("kind") == "kernel").row(0, named=True)
@@ -870,15 +866,11 @@ def test_unused_mistyped_arg_does_not_force_lenient_decode(
     """Above RAW_MIN_BYTES only the args a row's category uses are decoded: a `stream` list on a
     cpu_op (never read) no longer costs the lenient whole-file pass; the frames are those of the
     lenient decode, which drops that field anyway."""
-    import analyzer.readers.kineto as k
 
     evs = [ev(ts=100 + i, args={"External id": i, "stream": [1, 2]}) for i in range(5)]
     path = write(tmp_path, "unused.json", {"traceEvents": evs})
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 1 << 40)
-    whole = read_kineto(path, default_rank=0)
+    whole, chunked = _whole_and_chunked(path, monkeypatch)
     assert any("lenient" in w for w in whole.warnings)
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 0)
-    chunked = read_kineto(path, default_rank=0)
     assert chunked.warnings == ()
     assert all(x.equals(y) for x, y in zip(_frames(whole), _frames(chunked), strict=True))
     assert chunked.events.get_column("external_id").to_list() == list(range(5))
