@@ -22,7 +22,7 @@ import polars as pl
 
 from analyzer.classify import KernelClasses, load_classes, match_expr
 from analyzer.frames import CORR_KEY, GPU_KINDS, corr_key, require
-from analyzer.intervals import END, START, _sort, clip, locate, sweep, union
+from analyzer.intervals import END, START, clip, locate, sort_grouped, sweep, union
 
 BY = ["rank", "step"]
 WALL_KEYS = ("compute", "communication", "memory", "host")
@@ -110,7 +110,7 @@ def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     # One pass in (rank, start) order finds the GPU idle gaps and the op(s) that end each: a gap
     # ends where an op starts past every earlier end of its rank (ops tied at that start end it
     # too); gap_start = that running max. The first run of a rank has no gap before it.
-    d = _sort(gpu, ["rank"], START)
+    d = sort_grouped(gpu, ["rank"], START)
     reach = pl.col(END).cum_max().shift(1).over("rank")
     d = d.with_columns(_reach=reach).with_columns(
         _run=pl.when(pl.col(START) > pl.col("_reach")).then(pl.col(START)),
