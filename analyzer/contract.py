@@ -261,8 +261,8 @@ def _mirror_problems(doc: Mapping[str, Any]) -> list[Problem]:
         if value is MISSING or arg not in margs:
             continue
         other = margs[arg]
-        if isinstance(value, list) and isinstance(other, list | tuple):
-            same = list(value) == list(other)
+        if isinstance(value, list) and (other is None or isinstance(other, list | tuple)):
+            same = list(value) == list(other or [])  # an unset list argument prints None
         else:
             same = value == other
         if not same:

@@ -33,6 +33,9 @@ _WORLD = re.compile(
     r"(?:, encoder-tensor-model-parallel size: \d+)?"
     r", pipeline-model-parallel size: (?P<pp>\d+)"
 )
+# Megatron-Core warns at import when Transformer Engine is missing (optimizer, DDP, clip_grads):
+# the log's own evidence that TE-only knobs cannot work in that run.
+_NO_TE = re.compile(r"Transformer Engine (?:and Apex )?(?:is|are) not installed")
 _INT = re.compile(r"^[+-]?\d+$")
 _FLOAT = re.compile(r"^[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?$|^[+-]?(?:inf|nan)$")
 _ENUM = re.compile(r"^[A-Z][A-Za-z0-9]*\.([A-Za-z_][A-Za-z0-9_]*)$")  # AttnBackend.auto -> auto
@@ -241,4 +244,9 @@ def contract_from_log(text: str) -> dict:
     world = parse_world_size(text)
     if not args and not world:
         return {}
-    return contract_from_args(args, world=world)
+    doc = contract_from_args(args, world=world)
+    if _NO_TE.search(text):  # null = not installed: knob preconditions block TE-only changes
+        margs = doc.pop("megatron_args")
+        doc["versions"] = {"transformer_engine": None}
+        doc["megatron_args"] = margs
+    return doc

@@ -192,8 +192,8 @@ def _compare(p: Predicate, actual: Any) -> bool | None:
             return found if p.op == "contains" else not found
         case "version_at_least" | "version_below":
             have = _version(actual)
-            if have is None:
-                return None if actual is None else False
+            if have is None:  # null: not installed (contract `versions`), so no version is met
+                return False
             ok = have >= _version(v)  # type: ignore[operator]
             return ok if p.op == "version_at_least" else not ok
     actual = _norm(actual)  # env values are strings: "32" > 1

@@ -138,3 +138,8 @@ def test_recompute_in_document() -> None:
     # recompute busy 50 ns of 500 ns compute busy (step 1: 300; step 2: 100 + 50 backward + 50)
     assert doc["observed"]["recompute_fraction"] == 0.1
     assert doc["median_step_by_rank"] == {"0": 1}  # equal walls: lower median; no recompute there
+
+
+def test_no_paths_is_a_user_error_not_a_traceback() -> None:
+    with pytest.raises(UserError, match="no trace file given"):
+        diagnose([])

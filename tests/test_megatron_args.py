@@ -207,3 +207,16 @@ def test_cli_from_log_without_dump_is_bad_input(tmp_path: Path) -> None:
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2
     assert "no Megatron-LM argument dump" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_contract_from_real_h200_log_knows_te_is_absent_and_is_valid() -> None:
+    """A captured H200 log: Megatron-Core warns that TE is missing, so the contract says null
+    (not installed), and `cuda_graph_modules None` agrees with the section's empty list."""
+    doc = contract_from_log((LOGS / "h200_mcore_no_te_profile.log").read_text())
+    assert doc["versions"] == {"transformer_engine": None}
+    assert doc["megatron_args"]["cuda_graph_modules"] is None
+    assert doc["cuda_graphs"]["modules"] == []
+    assert [p for p in check_contract(doc) if p.severity == "error"] == []
+    assert doc["shape"]["micro_batch_size"] == 1 and doc["shape"]["global_batch_size"] == 8
+    # a log without the warnings says nothing about versions: unknown, not absent
+    assert "versions" not in contract_from_log(QWEN)

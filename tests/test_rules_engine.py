@@ -155,6 +155,27 @@ def test_unknown_contract_section_gives_caveat_not_block() -> None:
     assert any("TE ≥ 2.7.0" in c and c.startswith("unverified") for c in r["caveats"])
 
 
+def test_te_not_installed_blocks_te_only_changes_on_a_real_h200_run() -> None:
+    """The H200 host-bound Megatron-Core trace with the contract its own log gives (Megatron-Core
+    warned that TE is missing): TE graphs / fusions / grouped GEMM are blocked, not proposed with a
+    caveat; the larger micro-batch, which needs nothing installed, is what remains."""
+    from analyzer.diagnose import diagnose
+    from analyzer.megatron_args import contract_from_log
+
+    contract = contract_from_log((ROOT / "fixtures/logs/h200_mcore_no_te_profile.log").read_text())
+    trace = ROOT / "fixtures" / "traces" / "gpu_mcore_hostbound" / "trace.json.gz"
+    diagnosis = diagnose([str(trace)], contract=contract)
+    doc = recommend(RULES, diagnosis, contract)
+    assert [r["change"]["knob"] for r in doc["recommendations"]] == ["micro_batch_size"]
+    blocked = {b["rule"]: b["reasons"] for b in doc["blocked"]}
+    for rid in ("host.cuda-graphs", "host.permute-fusion", "host.router-fusion"):
+        assert any("Transformer Engine" in x or "TE" in x for x in blocked[rid]), blocked[rid]
+    # unknown (no versions section) stays a caveat, as before
+    del contract["versions"]
+    doc = recommend(RULES, diagnosis, contract)
+    assert "cuda_graph_impl" in [r["change"]["knob"] for r in doc["recommendations"]]
+
+
 @pytest.mark.parametrize("name", names())
 def test_documents_validate(name: str) -> None:
     VALIDATOR.validate(run_fixture(name, show_quiet=True))

@@ -51,6 +51,8 @@ def sniff(path: Path) -> str:
 
 def expand(paths: Sequence[str | Path]) -> list[Path]:
     """Files to read: each path itself, or the trace files inside a directory (sorted)."""
+    if not paths:
+        raise UserError("no trace file given")
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)

@@ -3,21 +3,17 @@
 # deliberately mis-tuned start. Run from the repo root on the device machine (one call, ~6-8 min):
 #
 #   bash bench/gpu/run_executor_demo.sh          # carry: [".whl"]; outputs under $OUT (≤ 8 files)
+#   TRIES="micro_batch_size=8 moe_grouped_gemm=true" bash bench/gpu/run_executor_demo.sh
+#
+# Without TRIES every candidate comes from the rules (diagnosis of each round's profile trace and
+# the contract the profile run's own log gives). With two GPUs the fixture traces are made on the
+# second one while the loop runs on the first.
 #
 # .whl/ must hold megatron_core and nvtx==0.2.11 (workload), and for the tune loop what the image
 # lacks: polars + polars-runtime-32 (54 MB), msgspec, jsonschema, jsonschema-specifications,
 # referencing, rpds-py (the image has torch 2.11, numpy, pyyaml, networkx, rich, attrs).
 # Without them steps 0-1 still run and step 2 says what is missing.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; W=/tmp/demo; rm -rf "$W"; mkdir -p "$OUT" "$W"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || { echo "wheel install failed" | tee "$OUT/summary.txt"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-S="$OUT/summary.txt"
-say() { echo "== $*" | tee -a "$S"; }
-T0=$(date +%s)
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$S"
+W=/tmp/demo; source bench/gpu/env.sh
 python3 - <<'PY' 2>&1 | tee -a "$S"
 import importlib
 need = {"torch": "workload", "megatron.core": "workload", "nvtx": "workload",
@@ -52,41 +48,48 @@ fi
 grep -h "implementation =" "$W"/smoke*.log | tee -a "$S"
 say "smoke done at +$(( $(date +%s) - T0 ))s, workload options: ${OPT:-default}"
 
-# 1. fixture traces through the workload (Megatron log + Kineto trace of 3 steady steps each)
+# 1. fixture traces through the workload (Megatron log + Kineto trace of 3 steady steps each, with
+#    allocator events and cuda_sync events)
 HOST="--num-layers 4 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 --num-experts 32 --moe-router-topk 4 --moe-ffn-hidden-size 256 --seq-length 512 --micro-batch-size 1 --global-batch-size 1 --moe-token-dispatcher-type alltoall"
 COMP="--num-layers 2 --hidden-size 2048 --num-attention-heads 16 --ffn-hidden-size 8192 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 8192 --seq-length 2048 --micro-batch-size 4 --global-batch-size 4 --moe-token-dispatcher-type alltoall --moe-grouped-gemm"
 PROF="--bf16 --train-iters 8 --profile --profile-step-start 4 --profile-step-end 7 --nvtx-ranges"
-for case in ${FIXTURE_CASES-hostbound computebound}; do
-  [ $case = hostbound ] && ARGS=$HOST || ARGS=$COMP
-  timeout 180 $WL $ARGS $PROF $OPT --profile-dir "$W/fx_$case" > "$W/fx_$case.log" 2>&1
-  say "fixture $case rc=$? $(grep -c ' iteration ' "$W/fx_$case.log") iteration lines"
-  if [ -f "$W/fx_$case/rank0.pt.trace.json.gz" ]; then
-    cp "$W/fx_$case/rank0.pt.trace.json.gz" "$OUT/mcore_$case.trace.json.gz"
-    ls -la "$OUT/mcore_$case.trace.json.gz" | tee -a "$S"
-  fi
-done
-tar czf "$OUT/fixture_logs.tar.gz" -C "$W" $(cd "$W" && ls fx_*.log smoke*.log 2>/dev/null)
+fixtures() {
+  for case in ${FIXTURE_CASES-hostbound computebound}; do
+    [ $case = hostbound ] && ARGS=$HOST || ARGS=$COMP
+    timeout 180 $WL $ARGS $PROF $OPT --profile-dir "$W/fx_$case" > "$W/fx_$case.log" 2>&1
+    say "fixture $case rc=$? $(grep -c ' iteration ' "$W/fx_$case.log") iteration lines"
+    ls -la "$W/fx_$case/rank0.pt.trace.json.gz" 2>&1 | tee -a "$S"
+  done
+  (cd "$W" && tar cf "$OUT/fixtures.tar" $(ls -d fx_* smoke*.log 2>/dev/null))
+}
+NGPU=$(nvidia-smi -L | wc -l)
+if [ "$NGPU" -ge 2 ]; then
+  (export CUDA_VISIBLE_DEVICES=1; fixtures) & FXPID=$!
+  export CUDA_VISIBLE_DEVICES=0
+else
+  fixtures; FXPID=
+fi
 
 # 2. the closed loop from a mis-tuned start: MBS 1 under GBS 8 (8 micro-batches), per-expert
 #    GEMMs (no --moe-grouped-gemm), eager (no CUDA graphs). Our --try candidates first, then the rules' ones.
 BASE="$WL --num-layers 2 --hidden-size 512 --num-attention-heads 8 --ffn-hidden-size 2048 --num-experts 16 --moe-router-topk 2 --moe-ffn-hidden-size 512 --seq-length 1024 --micro-batch-size 1 --global-batch-size 8 --moe-token-dispatcher-type alltoall --bf16 $OPT"
 if [ -n "$MISSING" ] && [ "$MISSING" != "nvtx" ]; then
   say "tune SKIPPED: missing $MISSING (carry polars, polars-runtime-32, msgspec, jsonschema, jsonschema-specifications, referencing, rpds-py)"
-  ls -la "$OUT" | tee -a "$S"; exit 0
+  [ -n "$FXPID" ] && wait $FXPID; ls -la "$OUT" | tee -a "$S"; exit 0
 fi
 say "tune start at +$(( $(date +%s) - T0 ))s: $BASE"
-timeout ${TUNE_CAP:-420} python3 -m moetune tune --cmd "$BASE" --budget 4 \
-  --try micro_batch_size=8 --try moe_grouped_gemm=true \
+TRY_ARGS=""; for t in ${TRIES-}; do TRY_ARGS="$TRY_ARGS --try $t"; done
+timeout ${TUNE_CAP:-420} python3 -m moetune tune --cmd "$BASE" --budget ${BUDGET:-4} $TRY_ARGS \
   --screen-iters ${SCREEN_ITERS:-10} --confirm-iters 50 --window 41-50 --repeats 3 --timeout 150 \
   --ledger "$W/ledger.sqlite" --workdir "$W/runs" --json > "$W/tune.json" 2> "$W/tune.err"
 RC=$?
 say "tune rc=$RC at +$(( $(date +%s) - T0 ))s (124 = stopped by the time cap; rerunning resumes)"
 tail -n 40 "$W/tune.err" | tee -a "$S"
 python3 -m moetune ledger --ledger "$W/ledger.sqlite" 2>&1 | tee -a "$S"
-python3 -m moetune ledger --ledger "$W/ledger.sqlite" --json > "$OUT/ledger.json" 2>/dev/null
 cp "$W/ledger.sqlite" "$OUT/ledger.sqlite" 2>/dev/null
-cp "$W/tune.json" "$OUT/tune.json" 2>/dev/null
-# logs of every run; traces of the baseline profiles and of the candidates' confirm runs
-(cd "$W" && tar czf "$OUT/runs.tar.gz" runs tune.err)
+# logs of every run; traces of each round's profile and of the candidates' confirm runs
+(cd "$W" && tar czf "$OUT/runs.tar.gz" --exclude='*.json.gz' runs tune.err tune.json)
+(cd "$W" && tar cf "$OUT/run_traces.tar" $(find runs -name '*.json.gz'))
+[ -n "$FXPID" ] && wait $FXPID
 ls -la "$OUT" | tee -a "$S"
 say "total +$(( $(date +%s) - T0 ))s"

@@ -135,8 +135,8 @@ def build(a: Namespace) -> tuple[Any, Any, Any, str]:
         ddp = DistributedDataParallel(
             config=config,
             ddp_config=DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                use_distributed_optimizer=False),
+                grad_reduce_in_fp32=True, overlap_grad_reduce=a.overlap_grad_reduce,
+                use_distributed_optimizer=a.use_distributed_optimizer),
             module=model,
         )
         config.finalize_model_grads_func = finalize_model_grads
@@ -144,7 +144,7 @@ def build(a: Namespace) -> tuple[Any, Any, Any, str]:
         opt = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=a.lr, min_lr=a.lr, weight_decay=0.0,
                             bf16=a.bf16, params_dtype=torch.bfloat16 if a.bf16 else torch.float32,
-                            clip_grad=1.0, use_distributed_optimizer=False),
+                            clip_grad=1.0, use_distributed_optimizer=a.use_distributed_optimizer),
             [ddp],
         )
         optim_desc = "Megatron DDP + get_megatron_optimizer(adam)"

@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cuda-graph-impl", choices=["none", "local"], default="none")
     a("--cuda-graph-modules", nargs="*", default=None)
     a("--fp8-format", choices=["e4m3", "hybrid"], default=None)
+    a("--overlap-grad-reduce", action="store_true",
+      help="Megatron DDP: reduce gradient buckets during backward (needs DP > 1 to matter)")
+    a("--use-distributed-optimizer", action="store_true",
+      help="Megatron DDP + optimizer: shard optimizer states over DP (reduce-scatter/all-gather)")
     a("--expert-model-parallel-size", type=int, default=1)
     a("--tensor-model-parallel-size", type=int, default=1)
     a("--log-interval", type=int, default=1)
@@ -179,8 +183,14 @@ def make_profiler(args: argparse.Namespace, rank: int, cuda: bool):
         active=args.profile_step_end - args.profile_step_start,
         repeat=1,
     )
+    try:  # host-blocking syncs as `cuda_sync` events (torch 2.11 writes none without this)
+        exp = torch.profiler._ExperimentalConfig(enable_cuda_sync_events=True) if cuda else None
+    except (AttributeError, TypeError):
+        exp = None
+    # profile_memory: allocator events give the diagnosis its `memory` section (peak reserved)
     return torch.profiler.profile(activities=acts, schedule=sched, on_trace_ready=on_ready,
-                                  record_shapes=False, with_stack=False)
+                                  record_shapes=False, with_stack=False, profile_memory=True,
+                                  experimental_config=exp)
 
 
 def memory_mb(cuda: bool) -> tuple[float, float, float, float]:
