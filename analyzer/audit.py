@@ -22,7 +22,7 @@ import jsonschema
 import polars as pl
 import yaml
 
-from analyzer.classify import KernelClasses, load_classes, match_expr
+from analyzer.classify import KernelClasses, load_classes, match_expr, with_pg_role
 from analyzer.contract import MISSING, Contract, load_contract, lookup
 from analyzer.frames import GPU_KINDS, Trace
 from analyzer.intervals import END, START, intersect, total_ns, union
@@ -249,18 +249,39 @@ def _stream_spread(df: pl.DataFrame) -> dict[str, Any]:
     }
 
 
-def _overlap_probe(gpu: pl.DataFrame, spec: Mapping[str, Any]) -> dict[str, Any]:
+def _overlap_probe(gpu: pl.DataFrame, spec: Mapping[str, Any], comms: pl.DataFrame,
+                   classes: KernelClasses) -> dict[str, Any]:
     comm = gpu.filter(_class_expr(spec["classes"]) & (pl.col("dur_ns") > 0))
+    by_group = False
+    if spec.get("groups"):
+        # only collectives on these process-group roles (e.g. gradient reduction, not the
+        # allgather dispatcher's reduce-scatter), where the trace names the groups at all
+        named = with_pg_role(comm, comms, classes)
+        by_group = bool(named.get_column("pg_role").is_not_null().any())
+        if by_group:  # collectives on groups of no known role stay
+            keep = pl.col("pg_role").is_null() | pl.col("pg_role").is_in(list(spec["groups"]))
+            comm = named.filter(keep).drop("pg_role")
     comp = gpu.filter((pl.col("wall") == "compute") & (pl.col("kind") == "kernel") & (pl.col("dur_ns") > 0))
     comm_u = union(_iv(comm), by=["rank"])
     both = intersect(comm_u, union(_iv(comp), by=["rank"]), by=["rank"])
     busy, over = total_ns(comm_u), total_ns(both)
-    return {
+    out = {
         **_stat(comm),
         "busy_s": round(busy * NS, 9),
         "overlapped_s": round(over * NS, 9),
         "fraction": round(over / busy, 4) if busy else 0.0,
     }
+    if spec.get("groups"):
+        out["by_group"] = by_group
+    if spec.get("issued_before_last"):
+        # On a launch-bound GPU an overlapped reduce runs beside idle time, not beside kernels: when
+        # it starts (before the step's last backward GEMM, or only after it) is the evidence then.
+        last = (gpu.filter(_class_expr(spec["issued_before_last"]))
+                .group_by("rank", "step").agg((pl.col("ts_ns") + pl.col("dur_ns")).max().alias("_last")))
+        early = comm.join(last, on=["rank", "step"], how="inner").filter(pl.col("ts_ns") < pl.col("_last"))
+        out["issued_before"] = early.height
+        out["issued_before_fraction"] = round(early.height / comm.height, 4) if comm.height else 0.0
+    return out
 
 
 def _host_probe(host: pl.DataFrame, spec: Mapping[str, Any], classes: KernelClasses) -> dict[str, Any]:
@@ -429,7 +450,7 @@ class AuditRun:
                 if kind == "kernels":
                     res[name] = _kernels_probe(gpu, spec)
                 elif kind == "overlap":
-                    res[name] = _overlap_probe(gpu, spec)
+                    res[name] = _overlap_probe(gpu, spec, trace.comms, self.classes)
                 elif kind == "host":
                     res[name] = _host_probe(host, spec, self.classes)
                 elif kind == "graph_scope":

@@ -49,6 +49,7 @@ class KernelClasses:
     backward_ops: dict[str, list[str]]
     steps: dict[str, Any]
     source: str
+    process_groups: tuple[dict[str, Any], ...] = ()
 
     @property
     def size_thresholds(self) -> list[int]:
@@ -82,6 +83,7 @@ def _load(path: str) -> KernelClasses:
         backward_ops=rec.get("backward_ops", {}),
         steps=doc.get("steps") or {},
         source=Path(path).name,
+        process_groups=tuple(doc.get("process_groups") or ()),
     )
 
 
@@ -110,6 +112,24 @@ def match_expr(match: dict[str, list[str]], col: str = "name") -> pl.Expr:
     if not parts:
         return pl.lit(False)
     return pl.any_horizontal(parts)
+
+
+def with_pg_role(gpu: pl.DataFrame, comms: pl.DataFrame, classes: KernelClasses | None = None
+                 ) -> pl.DataFrame:
+    """GPU rows plus `pg_role`: the role (kernel_classes.yaml `process_groups`) of the process
+    group their collective ran on, joined through the launch correlation; null where the trace
+    names no group (older PyTorch, non-Megatron groups, non-collective kernels)."""
+    rules = (classes or load_classes()).process_groups
+    need = {"rank", "correlation", "pg_desc"}
+    if not rules or comms.height == 0 or not need <= set(comms.columns):
+        return gpu.with_columns(pl.lit(None, dtype=pl.String).alias("pg_role"))
+    role = pl.lit(None, dtype=pl.String)
+    for rule in reversed(rules):
+        role = pl.when(match_expr(rule["match"], col="pg_desc")).then(pl.lit(rule["role"])).otherwise(role)
+    roles = (comms.filter(pl.col("correlation").is_not_null() & pl.col("pg_desc").is_not_null())
+             .select("rank", pl.col("correlation").cast(pl.Int64), role.alias("pg_role"))
+             .unique(["rank", "correlation"], keep="first"))
+    return gpu.join(roles, on=["rank", "correlation"], how="left")
 
 
 def _gpu_rule_expr(rule: dict[str, Any]) -> pl.Expr:

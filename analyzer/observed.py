@@ -10,6 +10,7 @@ from typing import Any
 
 import polars as pl
 
+from analyzer.classify import with_pg_role
 from analyzer.frames import GPU_KINDS, require
 from analyzer.intervals import END, START, clip, locate, sweep, total, union
 
@@ -86,6 +87,11 @@ def dispatcher_backend(
     k = gpu.get_column("kclass")
     n = {c: int((k.str.starts_with(c)).sum()) for c in (
         "comm.deepep.", "comm.hybridep.", "comm.nccl.sendrecv", "comm.nccl.allgather", "comm.")}
+    # Megatron names its groups: a collective on the expert-parallel group is token dispatch
+    ep = with_pg_role(gpu.filter(k.str.starts_with("comm.nccl.")), comms).filter(
+        pl.col("pg_role") == "ep_dispatch").get_column("kclass")
+    ep_sendrecv = int(ep.str.starts_with("comm.nccl.sendrecv").sum())
+    ep_allgather = int(ep.str.starts_with("comm.nccl.allgather").sum())
     a2a_ann = events.filter(
         (pl.col("kind").cast(pl.String).is_in(["annotation", "cpu_op"]))
         & pl.col("name").str.contains(r"(?i)all_?to_?all")
@@ -98,14 +104,16 @@ def dispatcher_backend(
         "nccl_allgather_kernels": n["comm.nccl.allgather"],
         "alltoall_host_calls": a2a_ann + a2a_meta,
         "comm_kernels": n["comm."],
+        "ep_group_sendrecv_kernels": ep_sendrecv,
+        "ep_group_allgather_kernels": ep_allgather,
     }
     if n["comm.hybridep."]:
         return "hybridep", ev
     if n["comm.deepep."]:
         return "deepep", ev
-    if n["comm.nccl.sendrecv"] and (a2a_ann or a2a_meta):
+    if n["comm.nccl.sendrecv"] and (a2a_ann or a2a_meta or ep_sendrecv):
         return "nccl_alltoall", ev
-    if hint == "allgather" and n["comm.nccl.allgather"]:
+    if (hint == "allgather" and n["comm.nccl.allgather"]) or (ep_allgather and not ep_sendrecv):
         return "nccl_allgather", ev
     if n["comm.nccl.sendrecv"]:
         # SendRecv without all-to-all calls may be EP dispatch, PP P2P or a CP ring: ambiguous

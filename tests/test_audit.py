@@ -343,7 +343,7 @@ TRACE_SUFFIXES = (".json.gz", ".json", ".sqlite.gz", ".sqlite")
 def gpu_cases() -> list:
     """pytest params (case, trace files, truth) for every fixtures/traces/gpu_*/ folder holding
     trace(s) and a `truth.json` (what is true by construction: fixtures/gpu/make_traces.py,
-    fixtures/gpu/ep2_traces.py). A folder with several files is one multi-rank trace."""
+    bench/gpu/run_ep2.sh). A folder with several files is one multi-rank trace."""
     out = []
     for folder in sorted((ROOT / "fixtures" / "traces").glob("gpu_*")):
         truth_file = folder / "truth.json"

@@ -1,5 +1,6 @@
 """The real H200 traces in fixtures/traces/gpu_*: `observed` must match what is true by construction
-(truth.json, written by fixtures/gpu/make_traces.py next to each trace)."""
+(truth.json, written by fixtures/gpu/make_traces.py or bench/gpu/run_ep2.sh next to the traces; a
+folder with several trace files is one multi-rank run)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ OBSERVED_KEYS = ("cuda_graph_replay", "fp8_gemm", "grouped_gemm", "dispatcher_ba
 
 @pytest.fixture(scope="module")
 def docs() -> dict[str, dict]:
-    return {p.parent.name: diagnose([p.parent / "trace.json.gz"]) for p in GPU}
+    return {p.parent.name: diagnose(sorted(p.parent.glob("*.json.gz"))) for p in GPU}
 
 
 @pytest.mark.parametrize("truth_path", GPU, ids=[p.parent.name for p in GPU])
@@ -47,3 +48,20 @@ def test_computebound_megatron_is_compute_dominant(docs: dict[str, dict]) -> Non
     assert doc["dominant_wall"] == "compute"
     assert doc["walls"]["compute"] > 0.5
     assert abs(sum(doc["walls"].values()) - 1) <= 0.01
+
+
+@pytest.mark.slow
+def test_ep2_alltoall_shows_the_communication_wall_on_both_ranks(docs: dict[str, dict]) -> None:
+    """2 x H200, EP 2 x DP 2 (bench/gpu/run_ep2.sh): NCCL all-to-all is a real wall, on the
+    critical path, and the two ranks are aligned on their collectives."""
+    for case in ("gpu_ep2_alltoall_nooverlap", "gpu_ep2_alltoall_overlap", "gpu_ep2_allgather"):
+        doc = docs[case]
+        assert doc["ranks_analyzed"] == [0, 1]
+        assert doc["walls"]["communication"] > 0.15, case
+        assert doc["critical_path"]["recoverable_s"]["communication"] > 0.005, case
+        assert doc["ranks"]["alignment"]["method"] == "collective_end"
+    # the dispatcher is told apart by Megatron's process-group names, with no contract hint
+    ev = docs["gpu_ep2_allgather"]["evidence"]["dispatcher"]
+    assert ev["ep_group_allgather_kernels"] > 0 and ev["ep_group_sendrecv_kernels"] == 0
+    ev = docs["gpu_ep2_alltoall_nooverlap"]["evidence"]["dispatcher"]
+    assert ev["ep_group_sendrecv_kernels"] > 0

@@ -136,7 +136,8 @@ def build(a: Namespace) -> tuple[Any, Any, Any, str]:
             config=config,
             ddp_config=DistributedDataParallelConfig(
                 grad_reduce_in_fp32=True, overlap_grad_reduce=a.overlap_grad_reduce,
-                use_distributed_optimizer=a.use_distributed_optimizer),
+                use_distributed_optimizer=a.use_distributed_optimizer,
+                bucket_size=a.ddp_bucket_size),
             module=model,
         )
         config.finalize_model_grads_func = finalize_model_grads

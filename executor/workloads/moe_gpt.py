@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--fp8-format", choices=["e4m3", "hybrid"], default=None)
     a("--overlap-grad-reduce", action="store_true",
       help="Megatron DDP: reduce gradient buckets during backward (needs DP > 1 to matter)")
+    a("--ddp-bucket-size", type=int, default=None,
+      help="Megatron DDP bucket size in elements (default: Megatron's, max(40M, 1M x DP))")
     a("--use-distributed-optimizer", action="store_true",
       help="Megatron DDP + optimizer: shard optimizer states over DP (reduce-scatter/all-gather)")
     a("--expert-model-parallel-size", type=int, default=1)
