@@ -65,3 +65,39 @@ def test_ep2_alltoall_shows_the_communication_wall_on_both_ranks(docs: dict[str,
     assert ev["ep_group_allgather_kernels"] > 0 and ev["ep_group_sendrecv_kernels"] == 0
     ev = docs["gpu_ep2_alltoall_nooverlap"]["evidence"]["dispatcher"]
     assert ev["ep_group_sendrecv_kernels"] > 0
+
+
+def test_trimmed_ep2_fixtures_keep_whole_steps() -> None:
+    """fixtures/gpu/trim_steps.py dropped rows only: one ProfilerStep left, and every kept kernel
+    still has its launch (and every kept launch in the step its kernel)."""
+    import gzip
+
+    for f in sorted((GPU[0].parents[1]).glob("gpu_ep2_*/rank*.pt.trace.json.gz")):
+        doc = json.loads(gzip.decompress(f.read_bytes()))
+        ev = doc["traceEvents"]
+        assert doc["moetune_trimmed"] == {"kept_profiler_steps": [5]}
+        assert [e["name"] for e in ev if e.get("name", "").startswith("ProfilerStep#")] == ["ProfilerStep#5"]
+        launches = {e["args"]["correlation"] for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                    and "correlation" in e.get("args", {})}
+        kernels = {e["args"]["correlation"] for e in ev if e.get("cat") == "kernel"}
+        assert kernels and kernels <= launches, f.name
+        assert doc["distributedInfo"]["world_size"] == 2
+
+
+def test_trim_steps_keeps_late_kernels_of_kept_launches() -> None:
+    from fixtures.gpu.trim_steps import trim
+
+    ev = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 10},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#2", "ts": 10, "dur": 10},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 9, "dur": 1, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "k1", "ts": 12, "dur": 3, "args": {"correlation": 1}},  # runs late
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 11, "dur": 1, "args": {"correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "k2", "ts": 16, "dur": 1, "args": {"correlation": 2}},
+        {"ph": "s", "cat": "ac2g", "id": 1, "ts": 9}, {"ph": "s", "cat": "ac2g", "id": 2, "ts": 11},
+        {"ph": "M", "name": "process_name", "args": {"name": "x"}},
+    ]
+    out = trim({"traceEvents": ev, "distributedInfo": {"rank": 0}}, {1})
+    names = [e.get("name") for e in out["traceEvents"]]
+    assert names == ["ProfilerStep#1", "cudaLaunchKernel", "k1", None, "process_name"]
+    assert out["distributedInfo"] == {"rank": 0}
