@@ -176,6 +176,25 @@ def test_te_not_installed_blocks_te_only_changes_on_a_real_h200_run() -> None:
     assert "cuda_graph_impl" in [r["change"]["knob"] for r in doc["recommendations"]]
 
 
+def test_tune_round_one_on_the_h200_has_nothing_left_to_propose() -> None:
+    """Round 1 of the rule-sourced H200 loop (after MBS 1 -> 2 was accepted), replayed from its
+    profile trace and log: still host-bound, but the MBS rule applies from 1 only and every other
+    host fix needs TE, so the loop ended there (docs/executor.md)."""
+    from analyzer.diagnose import diagnose
+    from analyzer.megatron_args import contract_from_log
+
+    folder = ROOT / "fixtures" / "traces" / "gpu_tune_mbs2_round1"
+    contract = contract_from_log((folder / "train.log").read_text())
+    assert contract["shape"]["micro_batch_size"] == 2
+    diagnosis = diagnose([str(folder / "trace.json.gz")], contract=contract)
+    assert diagnosis["dominant_wall"] == "host"
+    doc = recommend(RULES, diagnosis, contract, options=Options(show_quiet=True))
+    assert doc["recommendations"] == []
+    assert {"host.cuda-graphs", "host.permute-fusion", "host.router-fusion"} <= {b["rule"] for b in doc["blocked"]}
+    quiet = {q["rule"]: q["reason"] for q in doc["quiet"]}
+    assert "rule applies from 1" in quiet["host.larger-micro-batch"]
+
+
 @pytest.mark.parametrize("name", names())
 def test_documents_validate(name: str) -> None:
     VALIDATOR.validate(run_fixture(name, show_quiet=True))
