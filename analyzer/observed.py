@@ -172,8 +172,33 @@ def observe(
         "recompute": {"busy_s": round(rc_ns * NS, 9), "compute_busy_s": round(compute_busy * NS, 9)},
         "offload": {**_stat(off), "in_flight_s": round(off_ns * NS, 9), "one_way_large_copies": one_way},
         "main_stream": {str(r): s for r, s in sorted(main_stream.items())},
+        "comm_groups": comm_groups(gpu, comms if comms is not None else pl.DataFrame()),
     }
     return observed, evidence
+
+
+def comm_groups(gpu: pl.DataFrame, comms: pl.DataFrame) -> dict[str, Any]:
+    """Communication kernels by the role of the process group they ran on (kernel_classes.yaml
+    `process_groups`): EP dispatch vs gradient reduction vs TP, which kernel names alone cannot
+    tell apart (an all-gather is the allgather dispatcher, a distributed optimizer or TP).
+    `named` is false when the trace names no Megatron group; kernels on a group of no known role,
+    or not linked to their collective, are `other`. Times are totals over the analyzed window,
+    like `evidence.classes`."""
+    comm = with_pg_role(gpu.filter(pl.col("wall") == "communication"), comms)
+    named = bool(comm.get_column("pg_role").is_not_null().any())
+    by = (comm.with_columns(pl.col("pg_role").fill_null("other"))
+          .group_by("pg_role", "kclass").agg(pl.len().alias("n"), pl.col("dur_ns").sum().alias("t"))
+          .sort("pg_role", "kclass"))
+    # with named groups, no traffic of a class on a role is a measured zero, not an unknown
+    zero = dict.fromkeys(sorted(set(by.get_column("kclass"))), 0.0) if named else {}
+    roles: dict[str, Any] = {r: {"count": 0, "time_s": 0.0, "classes": dict(zero)}
+                             for r in (("ep_dispatch", "grad_reduce", "tp") if named else ())}
+    for role, kclass, n, t in by.iter_rows():
+        r = roles.setdefault(role, {"count": 0, "time_s": 0.0, "classes": dict(zero)})
+        r["count"] += int(n)
+        r["time_s"] = round(r["time_s"] + t * NS, 9)
+        r["classes"][kclass] = round(t * NS, 9)
+    return {"named": named, "by_role": roles}
 
 
 def _main_streams(gpu: pl.DataFrame) -> dict[int, int]:

@@ -63,3 +63,29 @@ def test_default_trace() -> None:
         assert r.returncode == 0 and json.loads(r.stdout)["schema"] == "moetune.diagnosis/1"
     else:
         assert r.returncode == 2 and "default example trace is missing" in r.stderr
+
+
+def test_run_folder_with_notes_beside_the_rank_traces(tmp_path: Path) -> None:
+    """A run folder as a user has it: both ranks' traces, a truth/config .json and a log. The small
+    non-trace .json is skipped with a warning; named explicitly it is still an error."""
+    import shutil
+
+    src = ROOT / "fixtures" / "traces" / "gpu_ep2_allgather"
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    (run / "config.json").write_text('{"lr": 0.001}')
+    r = moetune(str(run), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ranks_analyzed"] == [0, 1]
+    assert sorted(i["file"] for i in doc["inputs"]) == ["rank0.pt.trace.json.gz",
+                                                       "rank1.pt.trace.json.gz"]
+    assert "config.json: skipped, a .json with no traceEvents" in r.stderr
+    assert "truth.json: skipped" in r.stderr
+    r = moetune(str(run / "config.json"))
+    assert r.returncode == 2 and "not a Kineto trace" in r.stderr
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.json").write_text("{}")
+    r = moetune(str(notes))
+    assert r.returncode == 2 and "its .json files have no traceEvents" in r.stderr

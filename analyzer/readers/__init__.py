@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -51,9 +52,17 @@ def sniff(path: Path) -> str:
 
 def expand(paths: Sequence[str | Path]) -> list[Path]:
     """Files to read: each path itself, or the trace files inside a directory (sorted)."""
+    return expand_report(paths)[0]
+
+
+def expand_report(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
+    """(files to read, small JSON files of a directory skipped as not traces). A run folder often
+    holds a config or notes `.json` beside the rank traces; a file named explicitly is always read
+    (and is an error when it is not a trace)."""
     if not paths:
         raise UserError("no trace file given")
     out: list[Path] = []
+    skipped: list[Path] = []
     for raw in paths:
         p = Path(raw)
         if not p.exists():
@@ -66,10 +75,27 @@ def expand(paths: Sequence[str | Path]) -> list[Path]:
             )
             if not found:
                 raise UserError("directory holds no trace files (.json, .json.gz, .sqlite)", path=p)
-            out.extend(found)
+            keep = [f for f in found if not _small_non_trace(f)]
+            if not keep:
+                raise UserError("directory holds no trace files (its .json files have no traceEvents)",
+                                path=p)
+            skipped += [f for f in found if f not in keep]
+            out.extend(keep)
         else:
             out.append(p)
-    return out
+    return out, skipped
+
+
+def _small_non_trace(f: Path) -> bool:
+    """A plain `.json` under 1 MiB with no `"traceEvents"` key in it (truth.json, a config)."""
+    if not f.name.lower().endswith(".json"):
+        return False
+    try:
+        if f.stat().st_size >= 1 << 20:
+            return False
+        return b'"traceEvents"' not in f.read_bytes()
+    except OSError:
+        return False
 
 
 def is_gzip(path: Path) -> bool:
@@ -94,7 +120,7 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
     Ranks come from each file's own metadata where it has one; files without it are numbered in
     the order given. Two files claiming the same rank is an error.
     """
-    files = expand(paths)
+    files, skipped = expand_report(paths)
     traces: list[Trace] = []
     for i, f in enumerate(files):
         fmt = sniff(f)
@@ -108,6 +134,9 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
             traces.append(read_nsys(f, first_rank=i))
     trace = concat_traces(traces)
     _check_ranks(trace, files)
+    if skipped:
+        notes = tuple(f"{f}: skipped, a .json with no traceEvents (not a trace)" for f in skipped)
+        trace = replace(trace, warnings=notes + trace.warnings)
     return trace
 
 
