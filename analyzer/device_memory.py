@@ -5,13 +5,19 @@ PyTorch writes a `[memory]` instant for every allocation and free when profiled 
 alive; `Total Reserved`: what the caching allocator holds from the driver, i.e. what an OOM is
 about). The peak of `reserved` over the analysed steps, against the GPU's total memory, is the
 headroom a memory-spending change (larger micro-batch, less recompute, no offload) can use; a
-peak near the total is the memory wall itself. Traces without those events (the default, and
-every nsys export: its `CUDA_GPU_MEMORY_USAGE_EVENTS` needs `--cuda-memory-usage=true` and is not
-read yet) give `source: "none"` and nulls: unknown, never zero.
+peak near the total is the memory wall itself. nsys exports captured with
+`--cuda-memory-usage=true` give the same `reserved` from the driver's side (every cudaMalloc /
+cudaFree: the allocator's segments plus NCCL and cuBLAS buffers) but not `allocated`:
+`source: "cuda_memory_usage"`. Traces with neither (the default) give `source: "none"` and
+nulls: unknown, never zero.
 
-Per rank: the CUDA device (`device_type` 1) with the largest reserved peak; its events inside
-[first analysed step start, last analysed step end), else (no event there) all of the rank's
-events, said in `scope`. Multi-rank: the worst rank (largest reserved share, else largest peak).
+The level carried into the analysed steps counts: a peak is the larger of the last value before
+the first step and the values inside (memory held since start-up and not touched inside the
+steps is still held).
+
+Per rank: the CUDA device (`device_type` 1) with the largest reserved peak; its level over
+[first analysed step start, last analysed step end) from the events inside and the last before
+(`scope: window`), else (all events after the steps) all of the rank's events (`scope: trace`). Multi-rank: the worst rank (largest reserved share, else largest peak).
 """
 
 from __future__ import annotations
@@ -37,13 +43,18 @@ def peaks(memory: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     span = steps.group_by("rank").agg(pl.col("win_start_ns").min().alias("lo"),
                                       pl.col("win_end_ns").max().alias("hi"))
     cuda = cuda.join(span, on="rank", how="left").with_columns(
-        inside=(pl.col("ts_ns") >= pl.col("lo")) & (pl.col("ts_ns") < pl.col("hi")))
+        inside=(pl.col("ts_ns") >= pl.col("lo")) & (pl.col("ts_ns") < pl.col("hi")),
+        before=pl.col("ts_ns") < pl.col("lo"),
+    ).with_row_index("_i").sort("rank", "device", "ts_ns", "_i")
     per = cuda.group_by("rank", "device").agg(
-        pl.col("inside").fill_null(False).any().alias("_any"),
+        # the level during the steps is known from events inside them or the last one before
+        (pl.col("inside").fill_null(False).any() | pl.col("before").fill_null(False).any()).alias("_any"),
         pl.len().alias("_n_all"),
         pl.col("inside").fill_null(False).sum().cast(pl.UInt32).alias("_n_in"),
-        pl.col("allocated").filter(pl.col("inside")).max().alias("_a_in"),
-        pl.col("reserved").filter(pl.col("inside")).max().alias("_r_in"),
+        pl.max_horizontal(pl.col("allocated").filter(pl.col("inside")).max(),
+                          pl.col("allocated").filter(pl.col("before")).last()).alias("_a_in"),
+        pl.max_horizontal(pl.col("reserved").filter(pl.col("inside")).max(),
+                          pl.col("reserved").filter(pl.col("before")).last()).alias("_r_in"),
         pl.col("allocated").max().alias("_a_all"),
         pl.col("reserved").max().alias("_r_all"),
     )
@@ -81,8 +92,11 @@ def memory_section(trace: Trace, steps: pl.DataFrame) -> dict[str, Any]:
         }
     worst = max(by_rank.values(), key=lambda r: (r["reserved_share"] or -1.0,
                                                  r["peak_reserved_gib"] or 0.0))
+    # the caching allocator's own events carry `allocated`; the driver's (nsys) do not
+    source = ("allocator_events" if trace.memory.get_column("allocated").is_not_null().any()
+              else "cuda_memory_usage")
     return {"memory": {
-        "source": "allocator_events",
+        "source": source,
         "scope": worst["scope"],
         "events": sum(r["events"] for r in by_rank.values()),
         **{k: worst[k] for k in ("peak_allocated_gib", "peak_reserved_gib", "device_gib",
@@ -101,14 +115,15 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
     m = section.get("memory")
     if not m or m["source"] == "none":
         return []
+    alloc = m["peak_allocated_gib"]
     line = (f"device memory: peak reserved {m['peak_reserved_gib']:.2f} GiB, allocated "
-            f"{m['peak_allocated_gib']:.2f} GiB")
+            + (f"{alloc:.2f} GiB" if alloc is not None else "unknown (driver-level events)"))
     if m["device_gib"]:
         line += f" of {m['device_gib']:.1f} GiB"
         if m["reserved_share"] is not None:
             line += f" ({m['reserved_share']:.0%} reserved)"
     if m["scope"] == "trace":
-        line += " (whole trace: no allocator event inside the analysed steps)"
+        line += " (whole trace: no allocator event before or inside the analysed steps)"
     return [line]
 
 

@@ -110,3 +110,48 @@ def test_scope_falls_back_to_the_trace_and_the_rank_gpu_is_the_busiest_device() 
     sec = memory_section(Trace(events=pl.DataFrame(), memory=m1, ranks=ranks), steps1)["memory"]
     assert sec["scope"] == "trace" and sec["reserved_share"] == 0.25
     assert "whole trace" in summary_lines({"memory": sec})[0]
+
+
+def test_nsys_driver_allocations_give_reserved_not_allocated() -> None:
+    """fixtures/nsys/h200_mcore_hostbound_node: captured on the H200 with
+    `--cuda-memory-usage=true` (capture range cudaProfilerApi, so every allocation predates the
+    capture and is exported at start 0). Reserved = device + device-static bytes the driver handed
+    out, checked against the SQLite table itself; allocated is not visible at that level."""
+    import sqlite3
+
+    from analyzer.diagnose import diagnose
+    from analyzer.readers.nsys_source import sqlite_file
+
+    path = ROOT / "fixtures/nsys/h200_mcore_hostbound_node.sqlite.gz"
+    with sqlite_file(path) as db:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        want = con.execute("SELECT sum(CASE memoryOperationType WHEN 1 THEN -bytes ELSE bytes END) "
+                           "FROM CUDA_GPU_MEMORY_USAGE_EVENTS WHERE memKind IN (2, 5)").fetchone()[0]
+        con.close()
+    tr = load_trace([path])
+    assert tr.memory["allocated"].is_null().all() and (tr.memory["device_type"] == 1).all()
+    assert tr.memory["reserved"].max() == want == 772_802_884
+    doc = diagnose([path])
+    jsonschema.validate(doc, SCHEMA)
+    m = doc["memory"]
+    assert m["source"] == "cuda_memory_usage" and m["scope"] == "window" and m["events"] == 0
+    assert m["peak_reserved_gib"] == round(want / 2**30, 4) and m["peak_allocated_gib"] is None
+    assert m["reserved_share"] == round(want / tr.ranks["device_memory_bytes"][0], 4)
+    assert "allocated unknown" in summary_lines(doc)[0]
+
+
+def test_level_carried_into_the_steps_counts() -> None:
+    """8 GiB reserved at start-up and freed down to 2 inside the steps: the peak during the steps
+    is the 8 held when they began, not the 2 + small allocations seen inside them."""
+    g = 2**30
+    mem = pl.DataFrame(
+        {"rank": [0, 0, 0], "ts_ns": [0, 150, 160], "device_type": [1, 1, 1], "device": [0, 0, 0],
+         "bytes": [8 * g, -6 * g, 1024], "allocated": [8 * g, 2 * g, 2 * g + 1024],
+         "reserved": [8 * g, 2 * g, 2 * g + 1024]},
+        schema=MEMORY_SCHEMA,
+    )
+    steps = pl.DataFrame({"rank": [0], "win_start_ns": [100], "win_end_ns": [200]},
+                         schema={"rank": pl.Int32, "win_start_ns": pl.Int64, "win_end_ns": pl.Int64})
+    row = peaks(mem, steps).row(0, named=True)
+    assert row["scope"] == "window" and row["events"] == 2
+    assert row["peak_reserved"] == 8 * g and row["peak_allocated"] == 8 * g

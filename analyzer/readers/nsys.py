@@ -32,6 +32,7 @@ import polars as pl
 from analyzer.frames import (
     COMMS_SCHEMA,
     EVENTS_SCHEMA,
+    MEMORY_SCHEMA,
     RANKS_SCHEMA,
     Trace,
     conform,
@@ -207,7 +208,40 @@ def _read(db: Db, path: Path, first_rank: int) -> Trace:
             f"{path.name}: export lacks column(s) {', '.join(db.missing_columns)} "
             "(older or synthetic nsys schema); those fields are null"
         )
-    return Trace(events=events, comms=comms, ranks=ranks, warnings=tuple(warnings))
+    return Trace(events=events, comms=comms, ranks=ranks, warnings=tuple(warnings),
+                 memory=_memory(db, pairs))
+
+
+MEMORY_USAGE = "CUDA_GPU_MEMORY_USAGE_EVENTS"  # only with `nsys profile --cuda-memory-usage=true`
+DEVICE_MEM_KINDS = "2, 5"  # ENUM_CUDA_MEM_KIND: Device, Device Static (not pinned/pageable host)
+DEALLOCATION = 1  # ENUM_CUDA_DEV_MEM_EVENT_OPER
+
+
+def _memory(db: Db, pairs: pl.DataFrame) -> pl.DataFrame:
+    """Device memory the driver handed each (process, GPU), after every allocation and free:
+    what PyTorch's caching allocator reserved plus NCCL / cuBLAS buffers, i.e. `reserved`. The
+    tensors alive inside it are not visible at this level, so `allocated` is null. Allocations
+    made before the capture started are exported with start 0: the level the capture began at."""
+    if not db.has(MEMORY_USAGE, warn=False):
+        return pl.DataFrame(schema=MEMORY_SCHEMA)
+    t = MEMORY_USAGE
+    cols = {
+        "ts_ns": ("start", I64),
+        "hpid": (_hpid(db, t), I64),
+        "device": (db.col(t, "deviceId"), I64),
+        "size": (db.col(t, "bytes"), I64),
+        "op": (db.col(t, "memoryOperationType"), I64),
+    }
+    df = db.table_frame(t, cols, where=f"WHERE memKind IN ({DEVICE_MEM_KINDS})")
+    if df.height == 0:
+        return pl.DataFrame(schema=MEMORY_SCHEMA)
+    signed = pl.when(pl.col("op") == DEALLOCATION).then(-pl.col("size")).otherwise(pl.col("size"))
+    df = (df.with_row_index("_i").sort("ts_ns", "_i")
+          .with_columns(signed.alias("bytes"))
+          .with_columns(pl.col("bytes").cum_sum().over("hpid", "device").alias("reserved")))
+    df = _rank_gpu(df, pairs).filter(pl.col("rank").is_not_null())
+    return conform(df.with_columns(pl.lit(1, dtype=pl.Int32).alias("device_type"),
+                                   pl.lit(None, dtype=pl.Int64).alias("allocated")), MEMORY_SCHEMA)
 
 
 # --- a second process for large exports ---------------------------------------------------------
