@@ -39,6 +39,13 @@ def _fix(rule: Rule, catalog: Catalog) -> tuple[str, str]:
     return " ".join(flags), " ".join(bridge)
 
 
+def _scale_note(change: Mapping[str, Any]) -> str:
+    lim = change.get("at_most")
+    bound = f", while it divides `{lim['of']}` / `{lim.get('per', '1')}`" if lim else ""
+    return (f" (when the current value is unknown; else the current `{change['knob']}` × "
+            f"{change['scale']}{bound})")
+
+
 def _gain(spec: Mapping[str, Any]) -> str:
     if "fixed" in spec:
         lo, hi = spec["fixed"]
@@ -85,7 +92,8 @@ def render(rules: Mapping[str, Rule], catalog: Catalog) -> str:
             "",
             *_cond(r.when),
             "",
-            f"- Fix: `{flags}`" + (f" · Bridge: `{bridge}`" if bridge else ""),
+            f"- Fix: `{flags}`" + (f" · Bridge: `{bridge}`" if bridge else "")
+            + (_scale_note(s["change"]) if "scale" in s["change"] else ""),
             f"- Gain: {_gain(s['expected_gain'])}. {s['expected_gain']['basis']}",
             *(f"- Risk: {n}" for n in s["risk"]["notes"]),
             f"- Verify: {('audit `' + v['audit'] + '` confirmed; ') if v.get('audit') else ''}"

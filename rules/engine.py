@@ -10,7 +10,7 @@ rules/knobs.yaml; a change is illegal when it breaks a constraint that held befo
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from moetune import __version__
@@ -182,6 +182,28 @@ def _resolver(inp: _Inputs, overrides: Mapping[str, Any] | None = None) -> expr.
 
 
 # ----------------------------------------------------------------------------- legality
+
+
+def scaled_target(change: Mapping[str, Any], current: Any, contract: Mapping[str, Any]
+                  ) -> tuple[Any, str | None]:
+    """(the change's concrete target, None) or (None, why it does not apply). A `scale` rule
+    multiplies the current value (`to` when that is unknown), bounded by `at_most`: contract path
+    `of` / `per`, which the target must also divide (Megatron asserts GBS % (MBS × DP) == 0)."""
+    if "scale" not in change or not isinstance(current, int) or isinstance(current, bool):
+        return change["to"], None
+    target = current * change["scale"]
+    lim = change.get("at_most")
+    if not lim:
+        return target, None
+    of = lookup(contract, lim["of"])
+    per = lookup(contract, lim["per"]) if lim.get("per") else 1
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (of, per)):
+        return target, None  # bound unknown: the legality caveats say what is unverified
+    cap = of // per
+    if target > cap or cap % target:
+        return None, (f"{change['knob']} {current} × {change['scale']} = {target} does not fit "
+                      f"{lim['of']} / {lim.get('per', '1')} = {cap}")
+    return target, None
 
 
 def _changed(rule: Rule) -> dict[str, Any]:
@@ -423,6 +445,13 @@ def recommend(
             quiet.append({**head, "quiet": spec["quiet"],
                           "reason": f"{knob.name} is {current!r}, rule applies from {change['from']!r}"})
             continue
+        target, why_not = scaled_target(change, current, contract)
+        if why_not:
+            quiet.append({**head, "quiet": spec["quiet"], "reason": why_not})
+            continue
+        if target != change["to"]:  # every later step sees the concrete change
+            rule = replace(rule, spec={**spec, "change": {**change, "to": target}})
+            change = rule.spec["change"]
         if all(expr._norm(inp.value(n)) == expr._norm(v) for n, v in _changed(rule).items()):
             reasons.append(f"{knob.name} is already {change['to']!r}")
         illegal, caveats = legality(rule, inp)

@@ -424,6 +424,11 @@ def check_rule_file(path: Path, catalog: Catalog) -> tuple[Rule | None, list[Pro
         for key in ("to", "from"):
             if key in change and (msg := value_problem(knob, change[key])):
                 bad(("change", key), msg)
+        if "scale" in change and knob.spec.get("type") != "int":
+            bad(("change", "scale"), f"`scale` multiplies an int knob; {knob.name} is "
+                                     f"{knob.spec.get('type')}")
+        if "at_most" in change and "scale" not in change:
+            bad(("change", "at_most"), "`at_most` bounds a `scale` change")
         for sub, val in (change.get("with") or {}).items():
             if sub not in knob.scope:
                 bad(("change", "with", sub),

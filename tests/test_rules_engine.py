@@ -141,11 +141,28 @@ def test_training_equivalent_label_and_override() -> None:
     assert r["bridge_overrides"] == ["mixed_precision.fp8=e4m3", "mixed_precision.fp8_recipe=blockwise"]
 
 
-def test_already_at_target_is_dropped() -> None:
+def test_micro_batch_doubles_while_it_divides_the_batch_per_dp_rank() -> None:
+    """host.larger-micro-batch scales the current MBS by 2, bounded by GBS / DP (Megatron asserts
+    GBS % (MBS × DP) == 0), so it can fire again in the next tune round."""
     s = load("eager_launch_bound")
-    s["contract"]["megatron_args"]["micro_batch_size"] = 2
-    doc = recommend(RULES, s["diagnosis"], s["contract"], s["audit"], options=Options(show_quiet=True))
+    s["contract"].setdefault("shape", {})["global_batch_size"] = 16
+    s["contract"].setdefault("parallelism", {})["dp"] = 2
+
+    def run(mbs: int) -> dict:
+        s["contract"]["megatron_args"]["micro_batch_size"] = mbs
+        return recommend(RULES, s["diagnosis"], s["contract"], s["audit"], options=Options(show_quiet=True))
+
+    for mbs, to in ((1, 2), (2, 4), (4, 8)):
+        r = rec(run(mbs), "host.larger-micro-batch")
+        assert (r["change"]["from"], r["change"]["to"]) == (mbs, to)
+        assert r["megatron_flags"] == [f"--micro-batch-size {to}"]
+    doc = run(8)  # 16 is more than GBS 16 / DP 2
     assert "host.larger-micro-batch" not in {r["rule"] for r in doc["recommendations"]}
+    quiet = {q["rule"]: q["reason"] for q in doc["quiet"]}
+    assert quiet["host.larger-micro-batch"] == ("micro_batch_size 8 × 2 = 16 does not fit "
+                                                "shape.global_batch_size / parallelism.dp = 8")
+    s["contract"]["shape"]["global_batch_size"] = 12  # 12 / 2 = 6: 4 does not divide it
+    assert "does not fit" in {q["rule"]: q["reason"] for q in run(2)["quiet"]}["host.larger-micro-batch"]
 
 
 def test_unknown_contract_section_gives_caveat_not_block() -> None:
@@ -176,10 +193,10 @@ def test_te_not_installed_blocks_te_only_changes_on_a_real_h200_run() -> None:
     assert "cuda_graph_impl" in [r["change"]["knob"] for r in doc["recommendations"]]
 
 
-def test_tune_round_one_on_the_h200_has_nothing_left_to_propose() -> None:
+def test_tune_round_one_on_the_h200_doubles_the_micro_batch_again() -> None:
     """Round 1 of the rule-sourced H200 loop (after MBS 1 -> 2 was accepted), replayed from its
-    profile trace and log: still host-bound, but the MBS rule applies from 1 only and every other
-    host fix needs TE, so the loop ended there (docs/executor.md)."""
+    profile trace and log: still host-bound and every other host fix needs TE. The loop ended
+    there when the MBS rule applied from MBS 1 only; it now proposes 4 (GBS 8 / DP 1 allows it)."""
     from analyzer.diagnose import diagnose
     from analyzer.megatron_args import contract_from_log
 
@@ -189,10 +206,9 @@ def test_tune_round_one_on_the_h200_has_nothing_left_to_propose() -> None:
     diagnosis = diagnose([str(folder / "trace.json.gz")], contract=contract)
     assert diagnosis["dominant_wall"] == "host"
     doc = recommend(RULES, diagnosis, contract, options=Options(show_quiet=True))
-    assert doc["recommendations"] == []
+    assert [(r["change"]["knob"], r["change"]["from"], r["change"]["to"])
+            for r in doc["recommendations"]] == [("micro_batch_size", 2, 4)]
     assert {"host.cuda-graphs", "host.permute-fusion", "host.router-fusion"} <= {b["rule"] for b in doc["blocked"]}
-    quiet = {q["rule"]: q["reason"] for q in doc["quiet"]}
-    assert "rule applies from 1" in quiet["host.larger-micro-batch"]
 
 
 @pytest.mark.parametrize("name", names())
@@ -366,7 +382,8 @@ def test_cli_recommend_on_real_trace(corpus: Path, tmp_path: Path) -> None:
 def test_recommend_on_real_megatron_hostbound_trace(tmp_path: Path) -> None:
     """fixtures/traces/gpu_mcore_hostbound: a real H200 Megatron-Core run, launch-bound (~183 ms
     steps, ~6 ms of kernels), no Transformer Engine, --moe-grouped-gemm claimed but SequentialMLP
-    built. The TE-only fixes must be blocked for that reason; the one legal change is MBS."""
+    built. The TE-only fixes must be blocked for that reason, and its global batch of 1 leaves no
+    room for a larger micro-batch (MBS 2 would break GBS % (MBS × DP) == 0): nothing is legal."""
     trace = ROOT / "fixtures" / "traces" / "gpu_mcore_hostbound" / "trace.json.gz"
     contract = yaml.safe_load((ROOT / "fixtures" / "contracts" / "mcore_h200_hostbound.yaml").read_text())
     contract.pop("window")  # that contract's steady window (7:10) is not in this short trace
@@ -378,7 +395,7 @@ def test_recommend_on_real_megatron_hostbound_trace(tmp_path: Path) -> None:
     VALIDATOR.validate(doc)
     assert doc["diagnosis"]["dominant_wall"] == "host"
     assert doc["diagnosis"]["step_time_s"] == pytest.approx(0.1831, abs=2e-3)
-    assert [r["rule"] for r in doc["recommendations"]] == ["host.larger-micro-batch"]
+    assert doc["recommendations"] == []
     blocked = {b["rule"]: " ".join(b["reasons"]) for b in doc["blocked"]}
     assert "Transformer Engine" in blocked["host.cuda-graphs"]
     assert "Transformer Engine" in blocked["compute.grouped-gemm-ignored"]
