@@ -11,3 +11,22 @@ S="$OUT/summary.txt"
 say() { echo "== $*" | tee -a "$S"; }
 T0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$S"
+
+# `moetune tune --cmd "$BASE"` with the protocol both scripts use (TRIES first, then the rules;
+# BUDGET candidates; TUNE_CAP seconds, after which a re-run with KEEP_W=1 resumes), then its records
+# under $OUT with file-name prefix $1: ledger, run logs, run traces. More tune arguments follow $1.
+tune_and_collect() {
+  local pre=$1 tries="" t; shift
+  for t in ${TRIES-}; do tries="$tries --try $t"; done
+  say "tune start at +$(( $(date +%s) - T0 ))s: $BASE"
+  timeout ${TUNE_CAP:-420} python3 -m moetune tune --cmd "$BASE" --budget ${BUDGET:-4} $tries "$@" \
+    --confirm-iters 50 --window 41-50 --repeats 3 --timeout 150 \
+    --ledger "$W/ledger.sqlite" --workdir "$W/runs" --json > "$W/tune.json" 2> "$W/tune.err"
+  say "tune rc=$? at +$(( $(date +%s) - T0 ))s (124 = stopped by the time cap; rerunning resumes)"
+  tail -n 40 "$W/tune.err" | tee -a "$S"
+  python3 -m moetune ledger --ledger "$W/ledger.sqlite" 2>&1 | tee -a "$S"
+  cp "$W/ledger.sqlite" "$OUT/${pre}ledger.sqlite" 2>/dev/null
+  # logs of every run; traces of each round's profile and of the candidates' confirm runs
+  (cd "$W" && tar czf "$OUT/${pre}runs.tar.gz" --exclude='*.json.gz' runs tune.err tune.json)
+  (cd "$W" && tar cf "$OUT/${pre}run_traces.tar" $(find runs -name '*.json.gz'))
+}

@@ -43,18 +43,7 @@ JSON
 fi
 [ "${EP2_TUNE:-1}" = 1 ] || exit 0
 
-TRY_ARGS=""; for t in ${TRIES-overlap_grad_reduce=true moe_token_dispatcher_type=allgather}; do
-  TRY_ARGS="$TRY_ARGS --try $t"; done
-say "tune start at +$(( $(date +%s) - T0 ))s: $BASE"
-timeout ${TUNE_CAP:-420} python3 -m moetune tune --cmd "$BASE" --launcher torchrun \
-  --nproc-per-node 2 --budget ${BUDGET:-3} $TRY_ARGS --screen-iters ${SCREEN_ITERS:-8} \
-  --confirm-iters 50 --window 41-50 --repeats 3 --timeout 150 \
-  --ledger "$W/ledger.sqlite" --workdir "$W/runs" --json > "$W/tune.json" 2> "$W/tune.err"
-say "tune rc=$? at +$(( $(date +%s) - T0 ))s (124 = stopped by the time cap; rerunning resumes)"
-tail -n 40 "$W/tune.err" | tee -a "$S"
-python3 -m moetune ledger --ledger "$W/ledger.sqlite" 2>&1 | tee -a "$S"
-cp "$W/ledger.sqlite" "$OUT/ep2_ledger.sqlite" 2>/dev/null
-(cd "$W" && tar czf "$OUT/ep2_runs.tar.gz" --exclude='*.json.gz' runs tune.err tune.json)
-(cd "$W" && tar cf "$OUT/ep2_run_traces.tar" $(find runs -name '*.json.gz'))
+TRIES=${TRIES-overlap_grad_reduce=true moe_token_dispatcher_type=allgather} BUDGET=${BUDGET:-3}
+tune_and_collect ep2_ --launcher torchrun --nproc-per-node 2 --screen-iters ${SCREEN_ITERS:-8}
 ls -la "$OUT" | tee -a "$S"
 say "total +$(( $(date +%s) - T0 ))s"

@@ -77,19 +77,7 @@ if [ -n "$MISSING" ] && [ "$MISSING" != "nvtx" ]; then
   say "tune SKIPPED: missing $MISSING (carry polars, polars-runtime-32, msgspec, jsonschema, jsonschema-specifications, referencing, rpds-py)"
   [ -n "$FXPID" ] && wait $FXPID; ls -la "$OUT" | tee -a "$S"; exit 0
 fi
-say "tune start at +$(( $(date +%s) - T0 ))s: $BASE"
-TRY_ARGS=""; for t in ${TRIES-}; do TRY_ARGS="$TRY_ARGS --try $t"; done
-timeout ${TUNE_CAP:-420} python3 -m moetune tune --cmd "$BASE" --budget ${BUDGET:-4} $TRY_ARGS \
-  --screen-iters ${SCREEN_ITERS:-10} --confirm-iters 50 --window 41-50 --repeats 3 --timeout 150 \
-  --ledger "$W/ledger.sqlite" --workdir "$W/runs" --json > "$W/tune.json" 2> "$W/tune.err"
-RC=$?
-say "tune rc=$RC at +$(( $(date +%s) - T0 ))s (124 = stopped by the time cap; rerunning resumes)"
-tail -n 40 "$W/tune.err" | tee -a "$S"
-python3 -m moetune ledger --ledger "$W/ledger.sqlite" 2>&1 | tee -a "$S"
-cp "$W/ledger.sqlite" "$OUT/ledger.sqlite" 2>/dev/null
-# logs of every run; traces of each round's profile and of the candidates' confirm runs
-(cd "$W" && tar czf "$OUT/runs.tar.gz" --exclude='*.json.gz' runs tune.err tune.json)
-(cd "$W" && tar cf "$OUT/run_traces.tar" $(find runs -name '*.json.gz'))
+tune_and_collect "" --screen-iters ${SCREEN_ITERS:-10}
 [ -n "$FXPID" ] && wait $FXPID
 ls -la "$OUT" | tee -a "$S"
 say "total +$(( $(date +%s) - T0 ))s"
