@@ -111,6 +111,34 @@ class Ledger:
             raise UserError(f"cannot open ledger: {exc.strerror or exc}", path=p) from None
         return led
 
+    @classmethod
+    def open_readonly(cls, path: str | Path) -> Ledger:
+        """For reading only (`moetune ledger`): no WAL switch, no schema, no lock, so a ledger
+        someone hands over stays byte for byte as it was, with no side files left next to it.
+        A `-wal` file beside it may hold records a running (or killed) tune has not checkpointed:
+        then read through the WAL (`mode=ro`); without one the file is complete and is read as
+        `immutable`, which creates nothing."""
+        p = Path(path)
+        last = ""
+        wal = p.with_name(p.name + "-wal").exists()
+        for flags in (("mode=ro", "immutable=1") if wal else ("immutable=1",)):
+            try:
+                conn = sqlite3.connect(f"{p.resolve().as_uri()}?{flags}", uri=True, timeout=30.0,
+                                       isolation_level=None)
+                conn.row_factory = sqlite3.Row
+                names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            except sqlite3.OperationalError as exc:
+                last = str(exc)
+                continue
+            except sqlite3.DatabaseError as exc:
+                raise UserError(f"not a readable ledger ({_why(exc)})", path=p) from None
+            if not {"sessions", "runs", "decisions"} <= names:
+                conn.close()
+                raise UserError("is an SQLite database but not a moetune ledger (no sessions, "
+                                "runs and decisions tables)", path=p)
+            return cls(conn, p)
+        raise UserError(f"cannot open the ledger read-only ({last})", path=p)
+
     def close(self) -> None:
         self.conn.close()
 

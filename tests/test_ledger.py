@@ -14,6 +14,8 @@ import pytest
 from executor.ledger import Ledger
 from moetune.errors import UserError
 
+ROOT = Path(__file__).resolve().parents[1]
+
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "schemas" / "ledger.schema.json").read_text())
 
 
@@ -107,3 +109,64 @@ def test_cli_ledger_lists_and_json(tmp_path: Path) -> None:
     missing = subprocess.run([sys.executable, "-m", "moetune", "ledger", "--ledger",
                               str(tmp_path / "none.db")], capture_output=True, text=True, cwd=root)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+
+
+def _sha(p: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_by_rule_pools_the_real_h200_ledgers_without_touching_them(tmp_path: Path) -> None:
+    """The two H200 tune sessions' ledgers (fixtures/ledgers): three rule-sourced decisions, all
+    accepted, measured above the prediction. Listing writes nothing: same bytes, no side files."""
+    import shutil
+
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "ledgers"
+    a, b = (shutil.copy(src / f"h200_tune_session_{x}.sqlite", tmp_path) for x in "ab")
+    a, b = Path(a), Path(b)
+    before = {p: _sha(p) for p in (a, b)}
+    r = subprocess.run([sys.executable, "-m", "moetune", "ledger", "--ledger", str(a), "--ledger",
+                        str(b), "--by-rule", "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["rule"], x["decisions"], x["accepted"], x["measured"]) for x in rows] == [
+        ("host.larger-micro-batch", 3, 3, 3)]
+    row = rows[0]
+    assert row["measured_gain_median"] == pytest.approx(0.7963, abs=1e-4)
+    assert row["predicted_gain_median"] == pytest.approx(0.4851, abs=1e-4)
+    assert 1.4 < row["measured_over_predicted"] < 1.8
+    assert {p: _sha(p) for p in (a, b)} == before
+    assert sorted(x.name for x in tmp_path.iterdir()) == [a.name, b.name]
+    r = subprocess.run([sys.executable, "-m", "moetune", "ledger", "--ledger", str(b)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert "decision tune-885bbeba759f micro_batch_size=4: accepted (gain +79.6%, predicted " \
+           "+47.8% by host.larger-micro-batch, noise ±25.8%)" in r.stdout
+
+
+def test_by_rule_counts_unmeasured_and_lends_user_tries_their_rule() -> None:
+    from executor.calibration import by_rule
+
+    rows = by_rule([
+        {"source": "user (host.x)", "predicted_gain": 0.5, "measured_gain": 1.0, "verdict": "accepted"},
+        {"source": "host.x", "predicted_gain": 0.3, "measured_gain": None, "verdict": "rejected",
+         "cause": "oom"},
+        {"source": "user", "predicted_gain": None, "measured_gain": 0.2, "verdict": "accepted"},
+        {"source": "comm.y", "predicted_gain": 0.2, "measured_gain": -0.1, "verdict": "rejected",
+         "cause": "no gain"},
+    ])
+    assert rows == [
+        {"rule": "comm.y", "decisions": 1, "accepted": 0, "measured": 1, "predicted_gain_median": 0.2,
+         "measured_gain_median": -0.1, "measured_over_predicted": -0.5, "causes": ["no gain"]},
+        {"rule": "host.x", "decisions": 2, "accepted": 1, "measured": 1, "predicted_gain_median": 0.4,
+         "measured_gain_median": 1.0, "measured_over_predicted": 2.0, "causes": ["oom"]},
+    ]
+
+
+def test_ledger_cli_on_a_database_that_is_not_a_ledger(tmp_path: Path) -> None:
+    db = tmp_path / "other.sqlite"
+    sqlite3.connect(db).execute("CREATE TABLE t (x)").connection.commit()
+    r = subprocess.run([sys.executable, "-m", "moetune", "ledger", "--ledger", str(db)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "not a moetune ledger" in r.stderr and "Traceback" not in r.stderr

@@ -1,4 +1,5 @@
-"""`moetune ledger [--json] [--ledger PATH] [--session ID]`: every run and verdict recorded."""
+"""`moetune ledger [--json] [--ledger PATH ...] [--session ID] [--by-rule]`: every run and verdict
+recorded, or per rule how its predictions compared with the measured gains."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ from moetune.errors import UserError
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("ledger", help="list recorded runs and verdicts",
                               description="List the runs and decisions in the SQLite ledger.")
-    p.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER, help=f"default {DEFAULT_LEDGER}")
+    p.add_argument("--ledger", type=Path, action="append",
+                   help=f"ledger file (repeatable: pooled, e.g. from several machines); "
+                        f"default {DEFAULT_LEDGER}")
     p.add_argument("--session", help="only this session")
+    p.add_argument("--by-rule", action="store_true",
+                   help="per rule: decisions, accepted, median predicted vs measured gain")
     p.add_argument("--json", action="store_true", help="print the ledger document (JSON)")
     return p
 
@@ -23,15 +28,38 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from executor.ledger import Ledger
 
-    if not args.ledger.exists():
-        raise UserError("no ledger here (run `moetune run` or `moetune tune` first)",
-                        path=args.ledger)
-    with Ledger.open(args.ledger) as led:
-        doc = led.document()
+    paths = args.ledger or [DEFAULT_LEDGER]
+    doc: dict = {}
+    for path in paths:
+        if not path.exists():
+            raise UserError("no ledger here (run `moetune run` or `moetune tune` first)", path=path)
+        with Ledger.open_readonly(path) as led:
+            one = led.document()
+        if not doc:
+            doc = one
+        else:  # pooled: sessions are keyed by id already; run and decision ids stay per file
+            for key in ("sessions", "runs", "decisions"):
+                doc[key] = doc[key] + one[key]
     if args.session:
         doc["sessions"] = [s for s in doc["sessions"] if s["id"] == args.session]
         doc["runs"] = [r for r in doc["runs"] if r["session"] == args.session]
         doc["decisions"] = [d for d in doc["decisions"] if d["session"] == args.session]
+    if args.by_rule:
+        from executor.calibration import by_rule
+
+        rows = by_rule(doc["decisions"])
+        if args.json:
+            sys.stdout.write(json.dumps(rows, indent=2, sort_keys=True) + "\n")
+            return 0
+        for r in rows:
+            print(f"{r['rule']:<40} {r['decisions']:>3} decided, {r['accepted']:>3} accepted · "
+                  f"predicted {_pct(r['predicted_gain_median'])}, measured "
+                  f"{_pct(r['measured_gain_median'])} (median; measured/predicted "
+                  f"{_x(r['measured_over_predicted'])})"
+                  + (f" · causes: {', '.join(r['causes'])}" if r["causes"] else ""))
+        if not rows:
+            print("no decision with a rule's prediction in this ledger")
+        return 0
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
         return 0
@@ -54,3 +82,11 @@ def _gains(d: dict) -> str:
     if d.get("noise") is not None:
         parts.append(f"noise ±{d['noise']:.1%}")
     return ", ".join(parts)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+def _x(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}×"
