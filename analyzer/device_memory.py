@@ -1,4 +1,4 @@
-"""Device memory from the caching allocator's own events: the peak the analysed steps reached.
+"""Device memory from the allocator's (or the driver's) events: the peak the analysed steps reached.
 
 PyTorch writes a `[memory]` instant for every allocation and free when profiled with
 `profile_memory=True`, carrying the allocator's totals after it (`Total Allocated`: tensors
@@ -17,7 +17,8 @@ steps is still held).
 
 Per rank: the CUDA device (`device_type` 1) with the largest reserved peak; its level over
 [first analysed step start, last analysed step end) from the events inside and the last before
-(`scope: window`), else (all events after the steps) all of the rank's events (`scope: trace`). Multi-rank: the worst rank (largest reserved share, else largest peak).
+(`scope: window`), else (all events after the steps) all of the rank's events (`scope: trace`).
+Multi-rank: the worst rank (largest reserved share, else largest peak).
 """
 
 from __future__ import annotations
