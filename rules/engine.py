@@ -185,25 +185,26 @@ def _resolver(inp: _Inputs, overrides: Mapping[str, Any] | None = None) -> expr.
 
 
 def scaled_target(change: Mapping[str, Any], current: Any, contract: Mapping[str, Any]
-                  ) -> tuple[Any, str | None]:
-    """(the change's concrete target, None) or (None, why it does not apply). A `scale` rule
-    multiplies the current value (`to` when that is unknown), bounded by `at_most`: contract path
-    `of` / `per`, which the target must also divide (Megatron asserts GBS % (MBS × DP) == 0)."""
+                  ) -> tuple[Any, str | None, str | None]:
+    """(concrete target, why it does not apply, caveat). A `scale` rule multiplies the current
+    value (`to` when that is unknown), bounded by `at_most`: contract path `of` / `per`, which
+    the target must also divide (Megatron asserts GBS % (MBS × DP) == 0)."""
     if "scale" not in change or not isinstance(current, int) or isinstance(current, bool):
-        return change["to"], None
+        return change["to"], None, None
     target = current * change["scale"]
     lim = change.get("at_most")
     if not lim:
-        return target, None
+        return target, None, None
     of = lookup(contract, lim["of"])
     per = lookup(contract, lim["per"]) if lim.get("per") else 1
+    bound = f"{lim['of']} / {lim.get('per', '1')}"
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (of, per)):
-        return target, None  # bound unknown: the legality caveats say what is unverified
+        return target, None, f"unverified: {change['knob']} {target} must divide {bound} (not in the contract)"
     cap = of // per
     if target > cap or cap % target:
         return None, (f"{change['knob']} {current} × {change['scale']} = {target} does not fit "
-                      f"{lim['of']} / {lim.get('per', '1')} = {cap}")
-    return target, None
+                      f"{bound} = {cap}"), None
+    return target, None, None
 
 
 def _changed(rule: Rule) -> dict[str, Any]:
@@ -445,7 +446,7 @@ def recommend(
             quiet.append({**head, "quiet": spec["quiet"],
                           "reason": f"{knob.name} is {current!r}, rule applies from {change['from']!r}"})
             continue
-        target, why_not = scaled_target(change, current, contract)
+        target, why_not, scale_caveat = scaled_target(change, current, contract)
         if why_not:
             quiet.append({**head, "quiet": spec["quiet"], "reason": why_not})
             continue
@@ -455,7 +456,7 @@ def recommend(
         if all(expr._norm(inp.value(n)) == expr._norm(v) for n, v in _changed(rule).items()):
             reasons.append(f"{knob.name} is already {change['to']!r}")
         illegal, caveats = legality(rule, inp)
-        caveats += _memory_caveat(rule, inp)
+        caveats += _memory_caveat(rule, inp) + ([scale_caveat] if scale_caveat else [])
         if current_from == "default":
             caveats.append(f"current {knob.name} = {current!r} is the Megatron default: the "
                            "contract's megatron_args do not state it")

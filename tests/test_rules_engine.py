@@ -163,6 +163,11 @@ def test_micro_batch_doubles_while_it_divides_the_batch_per_dp_rank() -> None:
                                                 "shape.global_batch_size / parallelism.dp = 8")
     s["contract"]["shape"]["global_batch_size"] = 12  # 12 / 2 = 6: 4 does not divide it
     assert "does not fit" in {q["rule"]: q["reason"] for q in run(2)["quiet"]}["host.larger-micro-batch"]
+    del s["contract"]["shape"]["global_batch_size"]  # bound unknown: proposed, with a caveat
+    r = rec(run(2), "host.larger-micro-batch")
+    assert r["change"]["to"] == 4
+    assert "unverified: micro_batch_size 4 must divide shape.global_batch_size / parallelism.dp" \
+        " (not in the contract)" in r["caveats"]
 
 
 def test_unknown_contract_section_gives_caveat_not_block() -> None:
