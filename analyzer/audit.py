@@ -121,6 +121,8 @@ def _fits(matcher: Mapping[str, Any], value: Any) -> bool:
         )
     if matcher.get("nonempty"):
         return isinstance(value, list | tuple) and len(value) > 0
+    if matcher.get("set"):
+        return value is not None
     return False
 
 
@@ -284,6 +286,37 @@ def _overlap_probe(gpu: pl.DataFrame, spec: Mapping[str, Any], comms: pl.DataFra
     return out
 
 
+# Embedding lookups per micro-batch forward, by Megatron's position embedding type: the word
+# embedding, plus the position embedding's own for learned absolute positions.
+LOOKUPS_PER_MICRO_BATCH = {"learned_absolute": 2, "rope": 1, "mrope": 1, "yarn": 1, "none": 1,
+                           "relative": 1}
+
+
+def _micro_batch_probe(host: pl.DataFrame, spec: Mapping[str, Any], claims: Mapping[str, Any]
+                       ) -> dict[str, Any]:
+    """How many forward passes each step ran (ops that run once per micro-batch, counted per rank
+    and step, median), against what the claimed micro-batch size gives: GBS / (MBS × DP) micro-
+    batches. With PP > 1 only the first stage embeds, so nothing is expected."""
+    hit = host.filter(pl.col("kind") == "cpu_op").filter(match_expr({"regex": list(spec["regex"])}))
+    per = hit.group_by("rank", "step").len().get_column("len") if hit.height else pl.Series([0])
+    per_step = float(per.median() or 0)
+    per_step = int(per_step) if per_step.is_integer() else per_step
+
+    def num(name: str) -> int | None:
+        v = claims.get(name)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    gbs, mbs, dp = num("global_batch_size"), num("micro_batch_size"), num("data_parallel_size")
+    k = LOOKUPS_PER_MICRO_BATCH.get(str(claims.get("position_embedding_type")))
+    pp = num("pipeline_model_parallel_size") or 1
+    expected = None
+    if gbs and mbs and dp and k and pp == 1 and gbs % (mbs * dp) == 0:
+        expected = gbs // (mbs * dp) * k
+    return {"count": hit.height, "per_step": per_step, "expected": expected,
+            "lookups_per_micro_batch": k,
+            "matches": None if expected is None or not hit.height else per_step == expected}
+
+
 def _host_probe(host: pl.DataFrame, spec: Mapping[str, Any], classes: KernelClasses) -> dict[str, Any]:
     cond = pl.lit(False)
     if spec.get("regex"):
@@ -357,6 +390,15 @@ def _host_in_steps(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _host_by_step(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """CPU ops with the analyzed step whose host range they start in (`rank`, `step`, …)."""
+    host = events.filter(pl.col("kind") == "cpu_op")
+    win = steps.select("rank", "step", "start_ns", "end_ns").unique()
+    return (host.join(win, on="rank", how="inner")
+            .filter((pl.col("ts_ns") >= pl.col("start_ns")) & (pl.col("ts_ns") < pl.col("end_ns")))
+            .drop("start_ns", "end_ns"))
+
+
 def _examples(df: pl.DataFrame, limit: int = 3) -> list[dict[str, Any]]:
     if df.height == 0:
         return []
@@ -428,6 +470,7 @@ class AuditRun:
         events, trace = ctx.events, self.trace
         gpu = in_windows(events, steps.table)
         host = _host_in_steps(events, steps.table)
+        host_steps: pl.DataFrame | None = None
         modes = set()
         if trace.ranks.height:
             modes = {str(m).lower() for m in trace.ranks.get_column("graph_trace_mode").drop_nulls()}
@@ -453,6 +496,10 @@ class AuditRun:
                     res[name] = _overlap_probe(gpu, spec, trace.comms, self.classes)
                 elif kind == "host":
                     res[name] = _host_probe(host, spec, self.classes)
+                elif kind == "micro_batches":
+                    if host_steps is None:
+                        host_steps = _host_by_step(events, steps.table)
+                    res[name] = _micro_batch_probe(host_steps, spec, self.claims)
                 elif kind == "graph_scope":
                     mods = claimed.get(sig["claim"]["arg"]) or []
                     res[name] = _graph_scope_probe(events, gpu, spec, list(mods))

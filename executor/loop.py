@@ -184,6 +184,8 @@ def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, 
                     launch=cand_run, iters=n, window=cwin)
     traces = sorted(str(p) for p in trace_dir.glob("*.json*")) if trace_dir and \
         trace_dir.is_dir() else []
+    if contract is None and cc.get("log_path"):  # the candidate's own argument dump claims it
+        contract = _contract_from_log(Path(cc["log_path"]))
     audit = audit_change(traces, knob, value, contract) if not _metrics(cc).get("cause") else None
     return decide(screen=stats, confirm_base=_metrics(cb), confirm_cand=_metrics(cc),
                   audit=audit, policy=pol)

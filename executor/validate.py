@@ -216,6 +216,14 @@ def _contract_with_knob(contract: Any, knob: str, value: Any) -> dict[str, Any]:
     doc = copy.deepcopy(dict(contract)) if isinstance(contract, Mapping) else {}
     doc.setdefault("schema", "moetune.contract/1")
     doc.setdefault("megatron_args", {})[knob] = value
+    try:  # a section field mirroring the argument (shape.micro_batch_size) must agree with it
+        from analyzer.contract import arg_mirrors
+    except ImportError:
+        return doc
+    for path, arg in arg_mirrors():
+        section, field = path.split(".")
+        if arg == knob and isinstance(doc.get(section), dict) and field in doc[section]:
+            doc[section][field] = value
     return doc
 
 

@@ -41,7 +41,7 @@ FROZEN_IDS = [
     "dispatcher-flex-deepep", "dispatcher-flex-hybridep", "dispatcher-flex", "fp8-gemm",
     "grouped-gemm", "router-fusion", "permute-fusion", "recompute", "activation-offload",
     "optimizer-offload", "overlap-grad-reduce", "overlap-param-gather", "overlap-ep-comm",
-    "tp-comm-overlap",
+    "tp-comm-overlap", "micro-batch-size",
 ]
 
 _TRACES: dict[str, Any] = {}
@@ -73,6 +73,7 @@ def test_signatures_validate_and_ids_are_frozen() -> None:
         "moe_grouped_gemm", "moe_router_fusion", "moe_permute_fusion", "recompute_granularity",
         "fine_grained_activation_offloading", "optimizer_cpu_offload", "overlap_grad_reduce",
         "overlap_param_gather", "overlap_moe_expert_parallel_comm", "tp_comm_overlap",
+        "micro_batch_size",
     }
 
 
@@ -487,3 +488,32 @@ def test_h200_full_recompute_confirmed() -> None:
     assert 0.2 < v["evidence"]["observed.recompute_fraction"] < 0.4
     v = _gpu(GPU / "gpu_mcore_computebound" / "trace.json.gz", {"recompute_granularity": "full"})["verdicts"]["recompute_granularity"]
     assert (v["verdict"], v["evidence"]["probe.regions.count"]) == ("contradicted", 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("folder", "mbs", "gbs", "dp", "per_step"), [
+    ("gpu_mcore_hostbound", 1, 1, 1, 1),
+    ("gpu_tune_mbs8_confirm", 8, 8, 1, 1),
+    ("gpu_tune_mbs2_round1", 2, 8, 1, 4),
+    ("gpu_ep2_allgather", 2, 8, 2, 2),
+])
+def test_micro_batch_size_claims_both_ways_on_h200_traces(folder: str, mbs: int, gbs: int, dp: int,
+                                                          per_step: int) -> None:
+    """One embedding lookup per micro-batch forward (rope): GBS / (MBS x DP) per step and rank.
+    The true MBS is confirmed, a doubled one contradicted; without the position-embedding type
+    (one lookup or two per micro-batch) nothing is claimed."""
+    files = sorted((ROOT / "fixtures" / "traces" / folder).glob("*.json.gz"))
+    trace = load_trace(files)
+    args = {"global_batch_size": gbs, "data_parallel_size": dp, "position_embedding_type": "rope"}
+    v = _verdict(trace, files, {**args, "micro_batch_size": mbs}, "micro_batch_size")
+    assert v["verdict"] == "confirmed", v
+    assert v["evidence"]["probe.micro.per_step"] == per_step == v["evidence"]["probe.micro.expected"]
+    if gbs % (2 * mbs * dp) == 0:
+        v = _verdict(trace, files, {**args, "micro_batch_size": 2 * mbs}, "micro_batch_size")
+        assert v["verdict"] == "contradicted", v
+    v = _verdict(trace, files, {**args, "micro_batch_size": mbs, "global_batch_size": 2 * gbs},
+                 "micro_batch_size")
+    assert v["verdict"] == "contradicted", v
+    del args["position_embedding_type"]
+    v = _verdict(trace, files, {**args, "micro_batch_size": mbs}, "micro_batch_size")
+    assert v["verdict"] == "unobservable", v

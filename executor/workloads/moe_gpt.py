@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--moe-ffn-hidden-size", type=int, default=None)
     a("--moe-aux-loss-coeff", type=float, default=1e-2)
     a("--seq-length", type=int, default=32)
+    a("--position-embedding-type", choices=["rope"], default="rope",
+      help="positions as the model is built here (rope); in the argument dump for the audit")
     a("--vocab-size", type=int, default=256)
     a("--micro-batch-size", type=int, default=2)
     a("--global-batch-size", type=int, default=None)
