@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r['id']:>4} {r['session']:<18} {r['key']:<44} {r['status']:<11} {step:>10}"
               + (f"  {r['cause']}" if r["cause"] else ""))
     for d in doc["decisions"]:
-        print(f"decision {d['session']} {d['label']}: {d['verdict']} ({_gains(d)})"
+        print(f"decision {d['session']} {d['label']}: {d['verdict']} ({gains_text(d)})"
               + (f" · {d['cause']}" if d["cause"] else ""))
     return 0
 
 
-def _gains(d: dict) -> str:
+def gains_text(d: dict) -> str:
     """Measured gain, beside the prediction that proposed the candidate and the noise band."""
     parts = [f"gain {d['measured_gain']:+.1%}" if d["measured_gain"] is not None else "gain n/a"]
     if d.get("predicted_gain") is not None:

@@ -44,9 +44,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(res, indent=2, sort_keys=True, default=str) + "\n")
         return 0
+    from moetune.commands.ledger import gains_text
+
     for d in res["decisions"]:
-        gain = f"{d['measured_gain']:+.1%}" if d["measured_gain"] is not None else "   n/a"
-        print(f"{d['verdict']:<9} {d['label']:<40} gain {gain}"
+        proof = (d.get("evidence") or {}).get("proof")
+        print(f"{d['verdict']:<9} {d['label']:<40} {gains_text(d)}"
+              + (f" · proof: {proof}" if proof else "")
               + (f"  cause: {d['cause']}" if d["cause"] else ""))
     print(f"accepted {len(res['accepted'])} · session {res['session']} · "
           f"{res['runs_executed']} runs executed, {res['runs_reused']} read back")
