@@ -117,6 +117,22 @@ def arg_mirrors() -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def with_args(doc: Mapping[str, Any] | None, changes: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of contract `doc` with Megatron arguments set: in `megatron_args` and in every
+    section field that mirrors one (`shape.micro_batch_size`), so the contract still agrees with
+    itself (`_mirror_problems`)."""
+    import copy
+
+    out = copy.deepcopy(dict(doc or {}))
+    out.setdefault("schema", SCHEMA_ID)
+    out.setdefault("megatron_args", {}).update(changes)
+    for path, arg in arg_mirrors():
+        section, field = path.split(".")
+        if arg in changes and isinstance(out.get(section), dict) and field in out[section]:
+            out[section][field] = changes[arg]
+    return out
+
+
 def lookup(doc: Mapping[str, Any], path: str) -> Any:
     node: Any = doc
     for part in path.split("."):

@@ -345,14 +345,12 @@ def _round_contract(contract: Any, accepted: Sequence[Mapping[str, Any]]) -> Any
     (the rules read current knob values there); None when the user gave none."""
     if contract is None:
         return None
-    import copy
+    from analyzer.contract import with_args
 
-    doc = copy.deepcopy(dict(contract))
+    doc = dict(contract)
     for d in accepted:
         ch = d["change"]
-        doc.setdefault("megatron_args", {})[ch["knob"]] = ch["value"]
-        for k, v in (ch.get("with") or {}).items():
-            doc["megatron_args"][k] = v
+        doc = with_args(doc, {ch["knob"]: ch["value"], **(ch.get("with") or {})})
     return doc
 
 

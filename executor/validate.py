@@ -194,11 +194,13 @@ def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: An
         return {"verdict": "unavailable", "reason": "no candidate trace"}
     try:
         from analyzer.audit import audit
-        from analyzer.contract import contract_from_doc
+        from analyzer.contract import contract_from_doc, with_args
     except ImportError:
         return {"verdict": "unavailable", "reason": "analyzer.audit not installed"}
     try:
-        claims = contract_from_doc(_contract_with_knob(contract, knob, value))
+        # the candidate's claims: the baseline contract with the changed argument set
+        claims = contract_from_doc(with_args(contract if isinstance(contract, Mapping) else None,
+                                             {knob: value}))
         result = audit(claims, list(trace_paths))
     except Exception as exc:  # the audit is evidence about the run, never a crash of the loop
         return {"verdict": "unavailable", "reason": f"audit failed: {exc}"[:300]}
@@ -207,24 +209,6 @@ def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: An
         return {"verdict": "unobservable", "reason": f"no signature audits {knob}"}
     return {"verdict": entry.get("verdict", "unobservable"), "reason": entry.get("reason"),
             "detail": {k: v for k, v in entry.items() if k not in ("verdict", "reason")}}
-
-
-def _contract_with_knob(contract: Any, knob: str, value: Any) -> dict[str, Any]:
-    """The candidate's claims: the baseline contract with the changed argument set."""
-    import copy
-
-    doc = copy.deepcopy(dict(contract)) if isinstance(contract, Mapping) else {}
-    doc.setdefault("schema", "moetune.contract/1")
-    doc.setdefault("megatron_args", {})[knob] = value
-    try:  # a section field mirroring the argument (shape.micro_batch_size) must agree with it
-        from analyzer.contract import arg_mirrors
-    except ImportError:
-        return doc
-    for path, arg in arg_mirrors():
-        section, field = path.split(".")
-        if arg == knob and isinstance(doc.get(section), dict) and field in doc[section]:
-            doc[section][field] = value
-    return doc
 
 
 def decide(*, screen: Mapping[str, Any], confirm_base: Mapping[str, Any] | None,

@@ -131,6 +131,10 @@ def test_candidate_order_round_contract_and_session_id(tmp_path: Path) -> None:
     accepted = [{"change": {"knob": "micro_batch_size", "value": 8, "with": {}}}]
     assert _round_contract(con, accepted)["megatron_args"]["micro_batch_size"] == 8
     assert con["megatron_args"]["micro_batch_size"] == 1  # the user's contract is not modified
+    # the section field mirroring the argument moves with it: the contract still agrees with itself
+    mirrored = _round_contract({"megatron_args": {"micro_batch_size": 1},
+                                "shape": {"micro_batch_size": 1, "global_batch_size": 8}}, accepted)
+    assert mirrored["shape"] == {"micro_batch_size": 8, "global_batch_size": 8}
     o = TuneOptions(workdir=tmp_path, ledger=tmp_path / "l.db")
     assert session_id(["a"], {}, con, o) == session_id(["a"], {}, con, o)
     assert session_id(["a"], {}, con, o) != session_id(["a", "b"], {}, con, o)

@@ -115,14 +115,14 @@ def test_audit_change_proves_a_micro_batch_change_on_the_h200_trace() -> None:
     """The tune loop's proof for an MBS step: the candidate's trace (round 1 of the H200 loop,
     MBS 2 / GBS 8) audited against the run's own claims. Setting the knob keeps the contract's
     mirrored section field in step (shape.micro_batch_size), so the contract stays valid."""
-    from analyzer.contract import check_contract
+    from analyzer.contract import check_contract, with_args
     from analyzer.megatron_args import contract_from_log
-    from executor.validate import _contract_with_knob, audit_change
+    from executor.validate import audit_change
 
     folder = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "gpu_tune_mbs2_round1"
     contract = contract_from_log((folder / "train.log").read_text())
     contract["megatron_args"]["position_embedding_type"] = "rope"  # the workload prints it now
-    doc = _contract_with_knob(contract, "micro_batch_size", 4)
+    doc = with_args(contract, {"micro_batch_size": 4})
     assert doc["shape"]["micro_batch_size"] == doc["megatron_args"]["micro_batch_size"] == 4
     assert [p for p in check_contract(doc) if p.severity == "error"] == []
     trace = [str(folder / "trace.json.gz")]
