@@ -115,7 +115,8 @@ def diagnose_trace(
     med = median_step(per_step)
     dispatcher_hint = ((con or {}).get("megatron_args") or {}).get("moe_token_dispatcher_type")
     observed, obs_ev = observe(
-        events, steps.table, per_step, comms=trace.comms, dispatcher_hint=dispatcher_hint
+        events, steps.table, per_step, comms=trace.comms, dispatcher_hint=dispatcher_hint,
+        classes=cl,
     )
     doc: dict[str, Any] = {
         "schema": SCHEMA_ID,

@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 
-from analyzer.classify import with_pg_role
+from analyzer.classify import KernelClasses, with_pg_role
 from analyzer.frames import GPU_KINDS, require
 from analyzer.intervals import END, START, clip, locate, sweep, total, union
 
@@ -81,15 +81,16 @@ def grouped_gemm(gpu: pl.DataFrame, *, main_stream: dict[int, int]) -> tuple[boo
 
 
 def dispatcher_backend(
-    gpu: pl.DataFrame, events: pl.DataFrame, comms: pl.DataFrame, *, hint: str | None = None
+    gpu: pl.DataFrame, events: pl.DataFrame, comms: pl.DataFrame, comm: pl.DataFrame, *,
+    hint: str | None = None
 ) -> tuple[str, dict[str, Any]]:
-    """deepep | hybridep | nccl_alltoall | nccl_allgather | none | unknown, by kernel evidence."""
+    """deepep | hybridep | nccl_alltoall | nccl_allgather | none | unknown, by kernel evidence.
+    `comm`: the communication kernels with their process-group role (`with_pg_role`)."""
     k = gpu.get_column("kclass")
     n = {c: int((k.str.starts_with(c)).sum()) for c in (
         "comm.deepep.", "comm.hybridep.", "comm.nccl.sendrecv", "comm.nccl.allgather", "comm.")}
     # Megatron names its groups: a collective on the expert-parallel group is token dispatch
-    ep = with_pg_role(gpu.filter(k.str.starts_with("comm.nccl.")), comms).filter(
-        pl.col("pg_role") == "ep_dispatch").get_column("kclass")
+    ep = comm.filter(pl.col("pg_role") == "ep_dispatch").get_column("kclass")
     ep_sendrecv = int(ep.str.starts_with("comm.nccl.sendrecv").sum())
     ep_allgather = int(ep.str.starts_with("comm.nccl.allgather").sum())
     a2a_ann = events.filter(
@@ -129,18 +130,19 @@ def observe(
     *,
     comms: pl.DataFrame | None = None,
     dispatcher_hint: str | None = None,
+    classes: KernelClasses | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(observed, evidence) for the analyzed steps. `events` must be classified; `per_step` is
     walls.attribute_walls output (for recompute time)."""
     require(events, ("kclass", "wall", "rclass"), what="classified events")
+    comms = comms if comms is not None else pl.DataFrame()
     gpu = in_windows(events, steps)
+    comm = with_pg_role(gpu.filter(pl.col("wall") == "communication"), comms, classes)
     main_stream = _main_streams(gpu)
     graphs, g_ev = cuda_graph_replay(events, gpu)
     fp8 = gpu.filter(pl.col("kclass") == "compute.gemm.fp8")
     grouped, gg_ev = grouped_gemm(gpu, main_stream=main_stream)
-    backend, d_ev = dispatcher_backend(
-        gpu, events, comms if comms is not None else pl.DataFrame(), hint=dispatcher_hint
-    )
+    backend, d_ev = dispatcher_backend(gpu, events, comms, comm, hint=dispatcher_hint)
     rc_ns = int(per_step.get_column("recompute_busy_ns").sum())
     compute_busy = int(per_step.get_column("compute_exposed_ns").sum()) + rc_ns
     wall_ns = int(per_step.get_column("wall_ns").sum())
@@ -172,19 +174,19 @@ def observe(
         "recompute": {"busy_s": round(rc_ns * NS, 9), "compute_busy_s": round(compute_busy * NS, 9)},
         "offload": {**_stat(off), "in_flight_s": round(off_ns * NS, 9), "one_way_large_copies": one_way},
         "main_stream": {str(r): s for r, s in sorted(main_stream.items())},
-        "comm_groups": comm_groups(gpu, comms if comms is not None else pl.DataFrame()),
+        "comm_groups": comm_groups(comm),
     }
     return observed, evidence
 
 
-def comm_groups(gpu: pl.DataFrame, comms: pl.DataFrame) -> dict[str, Any]:
-    """Communication kernels by the role of the process group they ran on (kernel_classes.yaml
-    `process_groups`): EP dispatch vs gradient reduction vs TP, which kernel names alone cannot
-    tell apart (an all-gather is the allgather dispatcher, a distributed optimizer or TP).
+def comm_groups(comm: pl.DataFrame) -> dict[str, Any]:
+    """Communication kernels (with `pg_role`, `with_pg_role`) by the role of the process group
+    they ran on (kernel_classes.yaml `process_groups`): EP dispatch vs gradient reduction vs TP,
+    which kernel names alone cannot tell apart (an all-gather is the allgather dispatcher, a
+    distributed optimizer or TP).
     `named` is false when the trace names no Megatron group; kernels on a group of no known role,
     or not linked to their collective, are `other`. Times are totals over the analyzed window,
     like `evidence.classes`."""
-    comm = with_pg_role(gpu.filter(pl.col("wall") == "communication"), comms)
     named = bool(comm.get_column("pg_role").is_not_null().any())
     by = (comm.with_columns(pl.col("pg_role").fill_null("other"))
           .group_by("pg_role", "kclass").agg(pl.len().alias("n"), pl.col("dur_ns").sum().alias("t"))
