@@ -378,9 +378,10 @@ def _inside(points: pl.DataFrame, ranges: pl.DataFrame, by: list[str]) -> pl.Dat
 
 
 def _host_in_steps(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """Host annotations and CPU ops starting inside an analyzed step's host range."""
+    """Host annotations and CPU ops starting inside an analyzed step's host range, with its
+    `step`."""
     host = events.filter(pl.col("kind").cast(pl.String).is_in(["annotation", "cpu_op"]))
-    win = steps.select("rank", "start_ns", "end_ns").unique()
+    win = steps.select("rank", "step", "start_ns", "end_ns").unique()
     return (
         host.with_row_index("_i")
         .join(win, on="rank", how="inner")
@@ -388,15 +389,6 @@ def _host_in_steps(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         .unique("_i", keep="first", maintain_order=True)
         .drop("_i", "start_ns", "end_ns")
     )
-
-
-def _host_by_step(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
-    """CPU ops with the analyzed step whose host range they start in (`rank`, `step`, …)."""
-    host = events.filter(pl.col("kind") == "cpu_op")
-    win = steps.select("rank", "step", "start_ns", "end_ns").unique()
-    return (host.join(win, on="rank", how="inner")
-            .filter((pl.col("ts_ns") >= pl.col("start_ns")) & (pl.col("ts_ns") < pl.col("end_ns")))
-            .drop("start_ns", "end_ns"))
 
 
 def _examples(df: pl.DataFrame, limit: int = 3) -> list[dict[str, Any]]:
@@ -470,7 +462,6 @@ class AuditRun:
         events, trace = ctx.events, self.trace
         gpu = in_windows(events, steps.table)
         host = _host_in_steps(events, steps.table)
-        host_steps: pl.DataFrame | None = None
         modes = set()
         if trace.ranks.height:
             modes = {str(m).lower() for m in trace.ranks.get_column("graph_trace_mode").drop_nulls()}
@@ -497,9 +488,7 @@ class AuditRun:
                 elif kind == "host":
                     res[name] = _host_probe(host, spec, self.classes)
                 elif kind == "micro_batches":
-                    if host_steps is None:
-                        host_steps = _host_by_step(events, steps.table)
-                    res[name] = _micro_batch_probe(host_steps, spec, self.claims)
+                    res[name] = _micro_batch_probe(host, spec, self.claims)
                 elif kind == "graph_scope":
                     mods = claimed.get(sig["claim"]["arg"]) or []
                     res[name] = _graph_scope_probe(events, gpu, spec, list(mods))
