@@ -6,6 +6,7 @@ a `moe_token_dispatcher_type=flex` dump proves nothing if DeepEP kernels never r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
@@ -201,6 +202,18 @@ def comm_groups(comm: pl.DataFrame) -> dict[str, Any]:
         r["time_s"] = round(r["time_s"] + t * NS, 9)
         r["classes"][kclass] = round(t * NS, 9)
     return {"named": named, "by_role": roles}
+
+
+def summary_lines(doc: Mapping[str, Any]) -> list[str]:
+    """The terminal's line for `evidence.comm_groups`, per step and rank (where groups are named)."""
+    groups = (doc.get("evidence") or {}).get("comm_groups") or {}
+    if not groups.get("named"):
+        return []
+    n = max(len(doc.get("steps") or []) * len(doc.get("ranks_analyzed") or []), 1)
+    parts = [f"{role.replace('_', ' ')} " + (f"{r['time_s'] / n * 1e3:,.1f} ms" if r["time_s"] else "—")
+             for role, r in sorted(groups["by_role"].items(), key=lambda kv: -kv[1]["time_s"])
+             if r["count"]]
+    return ["communication kernels by process group (per step and rank): " + " · ".join(parts)]
 
 
 def _main_streams(gpu: pl.DataFrame) -> dict[int, int]:

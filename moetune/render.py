@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from analyzer import critical_path, device_memory, ranks
+from analyzer import critical_path, device_memory, observed, ranks
 
 WALL_ORDER = ("compute", "communication", "memory", "host")
 
@@ -69,16 +69,8 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
         f"fp8 gemm {'yes' if o['fp8_gemm'] else 'no'} · grouped gemm {'yes' if o['grouped_gemm'] else 'no'} · "
         f"recompute {_pct(o['recompute_fraction'])} of compute · offload copies {_pct(o['offload_copy_fraction'])} of step"
     )
-    groups = (doc.get("evidence") or {}).get("comm_groups") or {}
-    if groups.get("named"):
-        n = max(len(doc.get("steps") or []) * len(doc.get("ranks_analyzed") or []), 1)
-        parts = [f"{role.replace('_', ' ')} {_ms(r['time_s'] / n)}"
-                 for role, r in sorted(groups["by_role"].items(), key=lambda kv: -kv[1]["time_s"])
-                 if r["count"]]
-        out.print("communication kernels by process group (per step and rank): " + " · ".join(parts),
-                  markup=False)
-    for line in (critical_path.summary_lines(doc) + ranks.summary_lines(doc)
-                 + device_memory.summary_lines(doc)):
+    for line in (observed.summary_lines(doc) + critical_path.summary_lines(doc)
+                 + ranks.summary_lines(doc) + device_memory.summary_lines(doc)):
         out.print(line, markup=False)
 
 
