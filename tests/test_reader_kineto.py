@@ -739,6 +739,15 @@ def test_round_trip(tmp_path: Path, rows: list[tuple[str, int, int, int, str]], 
 
 
 # --------------------------------------------------------------------------- chunked decoding
+# These tests are about the pure-Python reader's own paths: the compiled scanner (which reads the
+# clean files first) is switched off for them; tests/test_kineto_scan.py checks the two agree.
+
+
+@pytest.fixture
+def python_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    import analyzer.readers.kineto as k
+
+    monkeypatch.setattr(k, "USE_COMPILED", False)
 
 
 def _frames(t: Trace) -> tuple[pl.DataFrame, ...]:
@@ -765,6 +774,7 @@ def _whole_and_chunked(path: Path, monkeypatch: pytest.MonkeyPatch,
     return whole, read_kineto(path, default_rank=0)
 
 
+@pytest.mark.usefixtures("python_reader")
 def test_chunked_decode_equals_whole_decode(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Raw slices decoded 1,000 events at a time (rows renumbered per chunk, side frames concatenated)
     give the same frames as one typed decode of the whole file."""
@@ -780,6 +790,7 @@ def test_chunked_decode_equals_whole_decode(corpus: Path, monkeypatch: pytest.Mo
     assert chunked.flows.height > 0 and chunked.comms.height > 0
 
 
+@pytest.mark.usefixtures("python_reader")
 @pytest.mark.parametrize("bad", ["mistyped", "utf8"])
 def test_chunk_failing_typed_decode_falls_back_to_whole_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: str
@@ -802,6 +813,7 @@ def test_chunk_failing_typed_decode_falls_back_to_whole_file(
 # --------------------------------------------------------------------------- fast-path equivalences
 
 
+@pytest.mark.usefixtures("python_reader")
 def test_in_place_chunks_equal_whole_decode_and_leave_file_intact(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -823,7 +835,8 @@ def test_in_place_chunks_equal_whole_decode_and_leave_file_intact(
 
     # The span located from the raw slices' addresses starts and ends on those slices' bytes, with
     # a separator on either side (where the brackets go); the map holds the file's bytes after.
-    doc, data, _ = k._load(path)
+    data = k._open(path)
+    doc, _ = k._decode_top(data, path)
     origin = k._address(data)
     assert origin is not None and isinstance(data, mmap.mmap)
     evs = doc.traceEvents
@@ -843,6 +856,7 @@ def test_in_place_chunks_equal_whole_decode_and_leave_file_intact(
     assert hashlib.sha256(data[:]).hexdigest() == digest
 
 
+@pytest.mark.usefixtures("python_reader")
 @pytest.mark.parametrize("gz", [False, True])
 def test_bad_gpu_args_in_late_chunk_fall_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gz: bool
@@ -860,6 +874,7 @@ def test_bad_gpu_args_in_late_chunk_fall_back(
     assert (kern["device"], kern["stream"]) == (0, 7)  # bad stream → null → the row's tid
 
 
+@pytest.mark.usefixtures("python_reader")
 def test_unused_mistyped_arg_does_not_force_lenient_decode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -963,17 +978,19 @@ def test_lean_chunks_equal_full_decode(
         for i, (ph, cat, name, ts, args) in enumerate(rows)
     ]
     path = write(tmp_path_factory.mktemp("lean"), "t.json", {"traceEvents": evs})
-    old = (k.RAW_MIN_BYTES, k.CHUNK)
+    old = (k.RAW_MIN_BYTES, k.CHUNK, k.USE_COMPILED)
     try:
+        k.USE_COMPILED = False
         k.RAW_MIN_BYTES = 1 << 40
         whole = read_kineto(path, default_rank=0)
         k.RAW_MIN_BYTES, k.CHUNK = 0, chunk
         chunked = read_kineto(path, default_rank=0)
     finally:
-        k.RAW_MIN_BYTES, k.CHUNK = old
+        k.RAW_MIN_BYTES, k.CHUNK, k.USE_COMPILED = old
     assert _same(whole, chunked)
 
 
+@pytest.mark.usefixtures("python_reader")
 def test_two_copies_of_the_reader_coexist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The buffer-address helper declares its own ctypes function objects: a second copy of the
     module (importlib.reload, a bench comparing two readers) must not retype the first's."""
@@ -993,6 +1010,7 @@ def test_two_copies_of_the_reader_coexist(tmp_path: Path, monkeypatch: pytest.Mo
         assert mod.read_kineto(path, default_rank=0).events.height == 9
 
 
+@pytest.mark.usefixtures("python_reader")
 def test_released_pages_read_back_from_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pages of decoded chunks are dropped from the private map; anything touching them again
     (the lenient fallback here, forced by a mistyped event near the end) reads the file's bytes."""

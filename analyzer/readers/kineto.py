@@ -144,6 +144,7 @@ class _Args(
 _NO_ARGS = _Args()
 _ARG_FIELDS = _Args.__struct_fields__
 _ARG_KEYS = {_Args.__struct_encode_fields__[i]: f for i, f in enumerate(_ARG_FIELDS)}
+_ARG_KEY_OF = {f: k for k, f in _ARG_KEYS.items()}
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -242,14 +243,20 @@ def read_kineto(path: Path, *, default_rank: int) -> Trace:
     The rank is `distributedInfo.rank` when the file has one, else `default_rank`.
     """
     path = Path(path)
-    doc, data, warnings = _load(path)
-    if doc.traceEvents is None:
-        raise UserError("not a Kineto trace (no traceEvents list)", path=path)
-    try:
-        raw, side = _columns(doc.traceEvents, data)
-    except _SlowPath:  # some event has unexpected types or bad UTF-8: the whole file, leniently
-        doc, warnings = _decode(data, path)
-        raw, side = _columns(doc.traceEvents, data)
+    data = _open(path)
+    scanned = _scan(data)
+    if scanned is not None:  # the compiled fast path read it
+        raw, side, doc = scanned
+        warnings: list[str] = []
+    else:
+        doc, warnings = _decode_top(data, path)
+        if doc.traceEvents is None:
+            raise UserError("not a Kineto trace (no traceEvents list)", path=path)
+        try:
+            raw, side = _columns(doc.traceEvents, data)
+        except _SlowPath:  # some event has unexpected types or bad UTF-8: the whole file, leniently
+            doc, warnings = _decode(data, path)
+            raw, side = _columns(doc.traceEvents, data)
     del data
     rank = _i32(doc.distributedInfo.rank if doc.distributedInfo else None)
     rank = default_rank if rank is None else rank
@@ -291,38 +298,40 @@ def read_kineto(path: Path, *, default_rank: int) -> Trace:
 # --------------------------------------------------------------------------- reading and decoding
 
 
-def _load(path: Path) -> tuple[_Doc | _RawDoc, bytes | mmap.mmap, list[str]]:
-    """Decode the file's top level with `traceEvents` as raw JSON slices (decoded in chunks by
-    `_columns`); a file the fast path rejects is decoded whole by `_decode` (lenient, exact
-    error messages)."""
+def _open(path: Path) -> bytes | mmap.mmap:
+    """The file's JSON bytes: gunzipped, or a private map of the file (never written back)."""
     try:
         with path.open("rb") as fh:
             if fh.read(2) == b"\x1f\x8b":
                 fh.seek(0)
                 try:
-                    data = gzip.decompress(fh.read())
+                    return gzip.decompress(fh.read())
                 except (OSError, EOFError, zlib.error) as exc:
                     raise UserError(f"corrupt or truncated gzip ({exc})", path=path) from None
-            else:
-                if os.fstat(fh.fileno()).st_size == 0:
-                    raise UserError("is empty", path=path)
-                # No `with`: the raw event slices are views of the map, which lives as long as
-                # they do (and no 1× copy of the file is made). ACCESS_COPY is a private map:
-                # `_decode_chunk` writes brackets into it, the file itself is never written.
-                data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+            if os.fstat(fh.fileno()).st_size == 0:
+                raise UserError("is empty", path=path)
+            # No `with`: the raw event slices are views of the map, which lives as long as
+            # they do (and no 1× copy of the file is made). ACCESS_COPY is a private map:
+            # `_decode_chunk` writes brackets into it, the file itself is never written.
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
     except FileNotFoundError:
         raise UserError("no such file", path=path) from None
     except IsADirectoryError:
         raise UserError("is a directory where a file was expected", path=path) from None
     except OSError as exc:
         raise UserError(f"cannot read: {exc.strerror or exc}", path=path) from None
+
+
+def _decode_top(data: bytes | mmap.mmap, path: Path) -> tuple[_Doc | _RawDoc, list[str]]:
+    """Decode the file's top level with `traceEvents` as raw JSON slices (decoded in chunks by
+    `_columns`); a file the fast path rejects is decoded whole by `_decode` (lenient, exact
+    error messages)."""
     # Small files: one typed decode (the raw slices' extra pass would not pay for itself).
     decoder = _RAW_DOC_DECODER if len(data) > RAW_MIN_BYTES else _DOC_DECODER
     try:
-        return decoder.decode(data), data, []
+        return decoder.decode(data), []
     except msgspec.DecodeError:  # includes ValidationError
-        doc, warnings = _decode(data, path)
-        return doc, data, warnings
+        return _decode(data, path)
 
 
 def _decode(data: bytes | mmap.mmap, path: Path) -> tuple[_Doc, list[str]]:
@@ -475,6 +484,91 @@ GPU_ARG_FIELDS = (
 MEMORY_EVENT = "[memory]"
 MEMORY_ARG_FIELDS = ("mem_device_type", "mem_device", "mem_bytes", "total_allocated",
                      "total_reserved")
+
+
+# --------------------------------------------------------------------------- compiled fast path
+
+try:  # built from `_kineto_scan.c` at install; without a C compiler the Python reader does it all
+    from analyzer.readers import _kineto_scan
+except ImportError:  # pragma: no cover - exercised by the equality tests' pure-Python runs
+    _kineto_scan = None  # type: ignore[assignment]
+
+# The scanner's slots, in its order (`_kineto_scan.c`: E_* and A_* enums); the JSON keys come from
+# the Structs above, so a renamed key is changed in one place for both paths.
+_SCAN_EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
+_SCAN_ARG_FIELDS = (
+    "external_id", "correlation", *GPU_ARG_FIELDS, "collective", "in_nelems", "out_nelems",
+    "group_size", "seq", "dtype", "pg_name", "pg_desc", "in_split", "out_split", "pg_ranks",
+    *MEMORY_ARG_FIELDS,
+)
+_SCAN_META = ("collective", "in_nelems", "out_nelems", "group_size", "seq", "dtype", "pg_name",
+              "pg_desc", "in_split", "out_split", "pg_ranks")
+_SCAN_TOP = {"deviceProperties": list[_Device] | None, "distributedInfo": _Dist | None,
+             "baseTimeNanoseconds": Num}
+_SCAN_TABLES = {
+    "main": ("ph", "cat", "name", "pid", "tid", "ts", "dur", "external_id", "correlation"),
+    "flow": ("row", "id"),
+    "gpu": ("row", *GPU_ARG_FIELDS),
+    "meta": ("row", *_SCAN_META),
+    "mem": ("row", *MEMORY_ARG_FIELDS),
+}
+USE_COMPILED = True  # False: always the Python reader (the equality tests compare both)
+
+
+class _ArrowColumn:
+    """One column the scanner built, handed to polars through the Arrow PyCapsule interface
+    (zero-copy: polars takes over the buffers)."""
+
+    __slots__ = ("_pair",)
+
+    def __init__(self, pair: tuple[Any, Any]) -> None:
+        self._pair = pair
+
+    def __arrow_c_array__(self, requested_schema: Any = None) -> tuple[Any, Any]:
+        return self._pair
+
+
+def _scan_columns(data: bytes | mmap.mmap) -> dict[str, Any] | str | None:
+    """The scanner's raw output: capsule columns per table and top-level spans, or the reason it
+    declined the file (a string), or None when it is not built or switched off."""
+    if _kineto_scan is None or not USE_COMPILED:
+        return None
+    return _kineto_scan.scan(
+        data,
+        tuple(k.encode() for k in _SCAN_EVENT_KEYS),
+        tuple(_ARG_KEY_OF[f].encode() for f in _SCAN_ARG_FIELDS),
+        tuple(k.encode() for k in _SCAN_TOP),
+        tuple(c.encode() for c in GPU_CATS),
+        tuple(c.encode() for c, k in KIND_OF_CAT.items() if k == "kernel"),
+        tuple(p.encode() for p, code in PH_CODE.items() if code == PH_FLOW),
+        b"record_param_comms",
+        MEMORY_EVENT.encode(),
+        isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"),
+    )
+
+
+def _scan(data: bytes | mmap.mmap) -> tuple[pl.DataFrame, dict[str, pl.DataFrame], _Doc] | None:
+    """The frames `_columns` would build, and the whitelisted top-level fields, from the compiled
+    scanner; None when it is not built or declines the file (then the Python reader reads it and
+    owns every warning and error)."""
+    out = _scan_columns(data)
+    if not isinstance(out, dict):
+        return None
+    top = {}
+    with memoryview(data) as view:
+        for (key, typ), span in zip(_SCAN_TOP.items(), out["spans"], strict=True):
+            try:
+                top[key] = None if span is None else msgspec.json.decode(view[span[0]:span[1]],
+                                                                         type=typ)
+            except msgspec.DecodeError:
+                return None
+    frames = {
+        name: pl.DataFrame([pl.Series(_ArrowColumn(pair)).alias(col)
+                            for col, pair in zip(_SCAN_TABLES[name], out[name], strict=True)])
+        for name in _SCAN_TABLES
+    }
+    raw = _with_codes(frames.pop("main")).with_row_index("row")
+    return raw, frames, _Doc(**top)
 
 
 def _columns(
@@ -632,12 +726,7 @@ def _chunk_columns(
             _num_series("correlation", [e.args.correlation for e in evs], pl.Int64),
         ]
     )
-    df = df.with_columns(
-        pl.col("ph").replace_strict(PH_CODE, default=0, return_dtype=pl.UInt8).alias("ph_code"),
-        pl.col("cat")
-        .replace_strict(KIND_OF_CAT, default="other", return_dtype=KIND)
-        .alias("cat_kind"),
-    )
+    df = _with_codes(df)
     masks = df.select(
         flow=_IS_FLOW,
         gpu=pl.col("cat_kind").is_in(GPU_CAT_KINDS),
@@ -704,6 +793,15 @@ def _chunk_columns(
         ]
     )
     return df, {"flow": flow, "gpu": gpu, "meta": meta, "mem": mem}
+
+
+def _with_codes(df: pl.DataFrame) -> pl.DataFrame:
+    return df.with_columns(
+        pl.col("ph").replace_strict(PH_CODE, default=0, return_dtype=pl.UInt8).alias("ph_code"),
+        pl.col("cat")
+        .replace_strict(KIND_OF_CAT, default="other", return_dtype=KIND)
+        .alias("cat_kind"),
+    )
 
 
 def _row_series(idx: list[int], base: int) -> pl.Series:
