@@ -348,6 +348,8 @@ typedef struct {
     Key comm_name, mem_name;
     Col main[9], flow[2], gpu[1 + N_GPU], meta[1 + 1 + N_META_INT + N_META_STR], mem[1 + N_MEM];
     uint32_t row;
+    uint64_t touched; /* slots set by this event (bit i: event slot i, N_EV + j: arg slot j) */
+    int dirty;        /* 1: an event field, 2: an args field of a type we do not take */
     /* page release: drop consumed pages of a file map as the scan passes them */
     int release;
     const char *released;
@@ -765,6 +767,8 @@ static int parse_args(Scan *S) {
         int slot = find_key(&S->arg_index, S->arg_keys, k, len);
         if (slot >= 0) {
             if (read_field(S, &S->arg[slot], ARG_KIND[slot])) return -1;
+            S->touched |= 1ULL << (N_EV + slot);
+            if (S->arg[slot].state == S_DIRTY) S->dirty |= 2;
         } else if (skip_value(S, 1)) {
             return -1;
         }
@@ -794,10 +798,22 @@ static int str_is(const Key *k, const Field *f) {
 #define OK(x) \
     if (x) DECLINE(S, "out of memory")
 
+/* Back to "absent" for the slots in `mask` that the last event set (a few of 34). */
+static inline void reset_fields(Scan *S, uint64_t mask) {
+    uint64_t m = S->touched & mask;
+    S->touched &= ~mask;
+    while (m) {
+        int i = __builtin_ctzll(m);
+        m &= m - 1;
+        if (i < N_EV) S->ev[i].state = S_NULL;
+        else S->arg[i - N_EV].state = S_NULL;
+    }
+}
+
 /* One event object: its fields into the row's slots, then the row into the tables. */
 static int parse_event(Scan *S) {
-    for (int i = 0; i < N_EV; i++) S->ev[i].state = S_NULL;
-    for (int i = 0; i < N_ARG; i++) S->arg[i].state = S_NULL;
+    reset_fields(S, ~0ULL);
+    S->dirty = 0;
     if (*S->p != '{') DECLINE(S, "an event is not an object");
     S->p++;
     skip_ws(S);
@@ -812,10 +828,12 @@ static int parse_event(Scan *S) {
             int slot = find_key(&S->ev_index, S->ev_keys, k, len);
             if (slot == E_ARGS) {
                 /* a repeated args object replaces the first, as in msgspec */
-                for (int i = 0; i < N_ARG; i++) S->arg[i].state = S_NULL;
+                reset_fields(S, ~0ULL << N_EV);
                 if (parse_args(S)) return -1;
             } else if (slot >= 0) {
                 if (read_field(S, &S->ev[slot], EV_KIND[slot])) return -1;
+                S->touched |= 1ULL << slot;
+                if (S->ev[slot].state == S_DIRTY) S->dirty |= 1;
             } else if (skip_value(S, 1)) {
                 return -1;
             }
@@ -827,10 +845,8 @@ static int parse_event(Scan *S) {
         }
     }
     /* A field of an unexpected type anywhere: the Python reader decides (lenient decode). */
-    for (int i = 0; i < N_EV; i++)
-        if (S->ev[i].state == S_DIRTY) DECLINE(S, "an event field of unexpected type");
-    for (int i = 0; i < N_ARG; i++)
-        if (S->arg[i].state == S_DIRTY) DECLINE(S, "an args field of unexpected type");
+    if (S->dirty & 1) DECLINE(S, "an event field of unexpected type");
+    if (S->dirty) DECLINE(S, "an args field of unexpected type");
 
     Field *ev = S->ev, *ar = S->arg;
     uint32_t row = S->row;
