@@ -151,30 +151,39 @@ def _size_bucket(thresholds: list[int]) -> pl.Expr:
 
 
 def classify_keys(keys: pl.DataFrame, classes: KernelClasses) -> pl.DataFrame:
-    """Classify unique keys (kind, name, copy_kind, _size_bucket) → kclass, wall, rclass, blocking."""
-    is_gpu = pl.col("kind").cast(pl.String).is_in(GPU_RULE_KINDS)
-    is_rt = pl.col("kind").cast(pl.String) == "runtime"
-    kclass: Any = pl.when(pl.lit(False)).then(pl.lit(None, dtype=pl.String))
-    wall: Any = pl.when(pl.lit(False)).then(pl.lit(None, dtype=pl.String))
-    for rule in classes.gpu:
-        cond = is_gpu & _gpu_rule_expr(rule)
-        kclass = kclass.when(cond).then(pl.lit(rule["kclass"]))
-        wall = wall.when(cond).then(pl.lit(rule["wall"]))
-    rclass: Any = pl.when(pl.col("kind").cast(pl.String) == "sync").then(pl.lit("sync"))
+    """Classify unique keys (kind, name, copy_kind, _size_bucket) → kclass, wall, rclass, blocking.
+
+    The first rule that fits wins. Its index comes from one flat `coalesce` per rule list, and the
+    rule's outputs are gathered by that index: nested when/then chains (one per output column) cost
+    polars ~25 ms to plan on any input, a fixed cost that was a sixth of a small trace's diagnosis.
+    """
+    kind = pl.col("kind").cast(pl.String)
+    is_gpu, is_rt, is_sync = kind.is_in(GPU_RULE_KINDS), kind == "runtime", kind == "sync"
+
+    def first(conds: list[pl.Expr]) -> pl.Expr:
+        if not conds:
+            return pl.lit(None, dtype=pl.UInt32)
+        return pl.coalesce([pl.when(c).then(pl.lit(i, dtype=pl.UInt32)) for i, c in enumerate(conds)])
+
+    def pick(values: list[Any], dtype: pl.DataType, idx: str) -> pl.Expr:
+        return pl.lit(pl.Series(values, dtype=dtype)).gather(pl.col(idx))
+
+    gpu, rt = classes.gpu, classes.runtime
+    ruled = keys.with_columns(
+        first([is_gpu & _gpu_rule_expr(r) for r in gpu]).alias("_g"),
+        first([is_rt & match_expr(r["match"]) for r in rt]).alias("_r"),
+    )
     # CUPTI sync records are host waits, except stream-wait-event (a GPU-side dependency).
-    blocking: Any = pl.when(pl.col("kind").cast(pl.String) == "sync").then(
-        pl.col("sync_kind").cast(pl.String).fill_null("other") != "stream_wait_event"
-    )
-    for rule in classes.runtime:
-        cond = is_rt & match_expr(rule["match"])
-        rclass = rclass.when(cond).then(pl.lit(rule["rclass"]))
-        blocking = blocking.when(cond).then(pl.lit(bool(rule.get("blocking", False))))
-    return keys.with_columns(
-        kclass.otherwise(pl.lit(None, dtype=pl.String)).alias("kclass"),
-        wall.otherwise(pl.lit(None, dtype=pl.String)).cast(WALL).alias("wall"),
-        rclass.otherwise(pl.lit(None, dtype=pl.String)).cast(RCLASS).alias("rclass"),
-        blocking.otherwise(pl.lit(False)).alias("blocking"),
-    )
+    sync_blocks = pl.col("sync_kind").cast(pl.String).fill_null("other") != "stream_wait_event"
+    return ruled.with_columns(
+        pick([r["kclass"] for r in gpu], pl.String, "_g").alias("kclass"),
+        pick([r["wall"] for r in gpu], pl.String, "_g").cast(WALL).alias("wall"),
+        pl.when(is_sync).then(pl.lit("sync"))
+        .otherwise(pick([r["rclass"] for r in rt], pl.String, "_r")).cast(RCLASS).alias("rclass"),
+        pl.when(is_sync).then(sync_blocks)
+        .otherwise(pick([bool(r.get("blocking", False)) for r in rt], pl.Boolean, "_r"))
+        .fill_null(False).alias("blocking"),
+    ).drop("_g", "_r")
 
 
 def classify(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> pl.DataFrame:

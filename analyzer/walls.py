@@ -161,10 +161,16 @@ def attribute_walls(
     win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
     # one integer key per (rank, step): the sweep then sorts by a single column (2–3× faster)
     wid = win.with_columns(pl.struct(BY).rank("dense").cast(pl.Int64).alias("_wid"))
-    clipped = {
-        k: clip(union(v, by=["rank"]), wid, on=["rank"], window_cols=["_wid"]).drop("rank")
-        for k, v in layers.items()
-    }
+    # All layers unioned and clipped in one pass (a `_layer` column keeps them apart): each polars
+    # call has a fixed cost, and per-layer calls made up a third of a small trace's diagnosis.
+    stacked = pl.concat([
+        v.select("rank", START, END).with_columns(pl.lit(i, dtype=pl.UInt8).alias("_layer"))
+        for i, v in enumerate(layers.values())
+    ])
+    pieces = clip(union(stacked, by=["rank", "_layer"]), wid, on=["rank"], window_cols=["_wid"])
+    by_layer = pieces.drop("rank").partition_by("_layer", as_dict=True, include_key=False)
+    empty = pieces.drop("rank", "_layer").clear()
+    clipped = {k: by_layer.get((i,), empty) for i, k in enumerate(layers)}
     clipped["win"] = wid.select("_wid", pl.col("win_start_ns").alias(START), pl.col("win_end_ns").alias(END))
     # clipped pieces of per-rank unions are unions per (rank, step) already; windows are one
     # interval per (rank, step)
