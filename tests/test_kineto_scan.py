@@ -28,24 +28,27 @@ ROOT = Path(__file__).resolve().parents[1]
 needs_scanner = pytest.mark.skipif(k._kineto_scan is None, reason="compiled scanner not built")
 
 
-def _read(path: Path, compiled: bool) -> Trace | str:
-    old = k.USE_COMPILED
+def _read(path: Path, compiled: bool, parts: int | None = None) -> Trace | str:
+    """`parts`: cut the event array into that many parts of >= 1 KiB, one thread each."""
+    old = k.USE_COMPILED, k.SCAN_THREADS, k.SCAN_PART_BYTES
     k.USE_COMPILED = compiled
+    if parts:
+        k.SCAN_THREADS, k.SCAN_PART_BYTES = parts, 1024
     try:
         return k.read_kineto(path, default_rank=0)
     except UserError as exc:
         return f"UserError: {exc}"
     finally:
-        k.USE_COMPILED = old
+        k.USE_COMPILED, k.SCAN_THREADS, k.SCAN_PART_BYTES = old
 
 
 def _frames(t: Trace) -> list[pl.DataFrame]:
     return [t.events, t.comms, t.flows, t.ranks, t.memory]
 
 
-def assert_same(path: Path) -> Trace | str:
+def assert_same(path: Path, parts: int | None = None) -> Trace | str:
     """Both readers on `path`: equal frames (schema and values) and warnings, or the same error."""
-    fast, slow = _read(path, True), _read(path, False)
+    fast, slow = _read(path, True, parts), _read(path, False)
     if isinstance(slow, str) or isinstance(fast, str):
         assert fast == slow
         return fast
@@ -60,6 +63,17 @@ def verdict(path: Path) -> str:
     """"ok" when the scanner read the file itself, else its reason for declining."""
     out = k._scan_columns(k._open(path))
     return "ok" if isinstance(out, dict) else str(out)
+
+
+def used_parts(path: Path, parts: int) -> int:
+    """How many parts the scanner kept when asked for `parts` (fewer: unproven starts)."""
+    old = k.SCAN_THREADS, k.SCAN_PART_BYTES
+    k.SCAN_THREADS, k.SCAN_PART_BYTES = parts, 1024
+    try:
+        out = k._scan_columns(k._open(path))
+    finally:
+        k.SCAN_THREADS, k.SCAN_PART_BYTES = old
+    return len(out["parts"]) if isinstance(out, dict) else 0
 
 
 def test_scanner_is_built_where_a_compiler_is() -> None:
@@ -100,10 +114,56 @@ def test_real_traces_read_the_same_both_ways(path: Path) -> None:
     assert_same(path)
     expect = DECLINED.get(path.name, "ok")
     assert verdict(path).startswith(expect)
+    # Cut into 7 parts read by 7 threads (real layouts: each part's start is proven), same frames.
+    assert_same(path, parts=7)
+    if expect == "ok" and _size(path) > 64 << 10:  # ≥ 9 KiB a part: every start proven
+        assert used_parts(path, 7) == 7
 
 
-def test_fixture_traces_are_found() -> None:
-    assert len([p for p in _traces() if "fixtures" in p.parts]) >= 20
+def _size(path: Path) -> int:
+    raw = path.read_bytes()
+    return len(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+
+
+def _nested_event(i: int) -> dict:
+    ev = {"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1,
+          "args": {"External id": i}}
+    if i % 3 == 0:  # text and nested objects that read like the start of an event: '}, {'
+        ev["name"] = f'op}}, {{"ph": "X"}}, {{{i}'
+        ev["args"]["nested"] = [{"a": 1}, {"b": [{"c": 2}, {"d": 3}]}] * 3
+    return ev
+
+
+@needs_scanner
+def test_part_starts_inside_events_are_refused(tmp_path: Path) -> None:
+    """A part's start is a guess: one that falls inside an event (a nested object, a name) is
+    not proven by the part before it, which then reads on alone. Whatever the cut, the frames
+    are the one-thread frames; on this file some cuts keep several parts, some keep one."""
+    path = tmp_path / "nested.json"
+    path.write_text(json.dumps({"traceEvents": [_nested_event(i) for i in range(400)]}, indent=1))
+    one = assert_same(path)
+    assert isinstance(one, Trace) and one.events.height == 400
+    kept = {}
+    for parts in (2, 3, 5, 8, 13, 32):
+        assert_same(path, parts=parts)
+        kept[parts] = used_parts(path, parts)
+    assert min(kept.values()) == 1 and max(kept.values()) >= 3, kept
+
+
+@needs_scanner
+def test_decline_in_a_later_part_declines_the_file(tmp_path: Path) -> None:
+    evs = [_nested_event(i) for i in range(1, 400, 3)] * 3
+    evs[-1] = {**evs[-1], "dur": {"oops": 1}}
+    path = tmp_path / "late.json"
+    path.write_text(json.dumps({"traceEvents": evs}, indent=1))
+    old = k.SCAN_THREADS, k.SCAN_PART_BYTES
+    k.SCAN_THREADS, k.SCAN_PART_BYTES = 8, 1024
+    try:
+        assert str(k._scan_columns(k._open(path))).startswith("an event field of unexpected type")
+    finally:
+        k.SCAN_THREADS, k.SCAN_PART_BYTES = old
+    t = assert_same(path, parts=8)
+    assert isinstance(t, Trace) and any("lenient" in w for w in t.warnings)
 
 
 # --------------------------------------------------------------------------- odd values
@@ -165,6 +225,7 @@ def test_random_events_read_the_same_both_ways(
     path = tmp_path_factory.mktemp("scan") / ("t.json.gz" if gz else "t.json")
     path.write_bytes(gzip.compress(raw) if gz else raw)
     assert_same(path)
+    assert_same(path, parts=3)
 
 
 NUMBERS = [

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <unistd.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -901,21 +902,137 @@ static void release_pages(Scan *S, int final) {
     }
 }
 
-static int parse_events(Scan *S) {
-    if (*S->p != '[') DECLINE(S, "traceEvents is not a list");
-    S->p++;
-    skip_ws(S);
-    if (S->p < S->end && *S->p == ']') { S->p++; return 0; }
+/* ------------------------------------------------------------------ events, in parallel parts */
+
+enum { R_END = 1, R_STOP = 2 };
+
+/* Events from S->p (on an event's '{') to the array's ']' (R_END, S->p after it), or to the first
+ * event that starts at or after `stop` (R_STOP, S->p on it; never when stop is NULL). */
+static int parse_event_run(Scan *S, const char *stop) {
     for (;;) {
         if (S->p >= S->end) DECLINE(S, "truncated");
         if (parse_event(S)) return -1;
         if ((S->row & 4095) == 0) release_pages(S, 0);
         skip_ws(S);
         if (S->p >= S->end) DECLINE(S, "truncated");
-        if (*S->p == ',') { S->p++; skip_ws(S); continue; }
-        if (*S->p == ']') { S->p++; return 0; }
+        if (*S->p == ',') {
+            S->p++;
+            skip_ws(S);
+            if (stop && S->p >= stop) return R_STOP;
+            continue;
+        }
+        if (*S->p == ']') { S->p++; return R_END; }
         DECLINE(S, "expected ',' or ']'");
     }
+}
+
+static inline int is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+/* A '{' after `from` preceded by "}" and "," (blanks between): where an event may start. It may
+ * also be an object nested in an event, or text in a string; the caller proves it (below). */
+static const char *next_candidate(const char *from, const char *end) {
+    const char *lim = end - from > (4 << 20) ? from + (4 << 20) : end;
+    for (const char *p = from; p < lim; p++) {
+        p = memchr(p, '}', (size_t)(lim - p));
+        if (!p) return NULL;
+        const char *q = p + 1;
+        while (q < lim && is_ws(*q)) q++;
+        if (q >= lim || *q != ',') continue;
+        q++;
+        while (q < lim && is_ws(*q)) q++;
+        if (q < lim && *q == '{') return q;
+    }
+    return NULL;
+}
+
+#define MAX_PARTS 32
+
+typedef struct {
+    Scan *S;
+    const char *stop;
+    int rc, ran;
+    pthread_t thread;
+} Part;
+
+static void *part_main(void *arg) {
+    Part *pt = arg;
+    pt->rc = parse_event_run(pt->S, pt->stop);
+    return NULL;
+}
+
+static void init_tables(Scan *S);
+
+/* A scanner for another part of the same buffer: same keys and tests, empty tables. */
+static Scan *clone_scan(const Scan *S, const char *at) {
+    Scan *T = malloc(sizeof *T);
+    if (!T) return NULL;
+    memcpy(T, S, sizeof *T);
+    memset(T->ev, 0, sizeof T->ev);
+    memset(T->arg, 0, sizeof T->arg);
+    init_tables(T);
+    T->p = at;
+    T->row = 0;
+    T->touched = 0;
+    T->dirty = 0;
+    T->fail = NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t up = ((uintptr_t)at + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+    T->released = (const char *)up;
+    return T;
+}
+
+/* traceEvents' array, cut into up to `want` parts parsed by as many threads. A part's start is
+ * only a guess (next_candidate), so a part is used only when the part before it, itself proven,
+ * stopped exactly there, right after one of the array's own commas; at the first part that is
+ * not proven the part before it reads on to the end alone. The result is the sequential parse's,
+ * cut into parts[0..*used). */
+static int parse_events(Scan *S, Scan **parts, int *used, int want, size_t min_part) {
+    *used = 1;
+    if (*S->p != '[') DECLINE(S, "traceEvents is not a list");
+    S->p++;
+    skip_ws(S);
+    if (S->p < S->end && *S->p == ']') { S->p++; return 0; }
+    const char *cand[MAX_PARTS];
+    Part pt[MAX_PARTS];
+    int n = 1;
+    size_t span = (size_t)(S->end - S->p);
+    if (want > MAX_PARTS) want = MAX_PARTS;
+    if (want > 1 && min_part && span / (size_t)want < min_part) want = (int)(span / min_part);
+    for (int i = 1; i < want; i++) {
+        const char *c = next_candidate(S->p + span / (size_t)want * (size_t)i, S->end);
+        if (c && c > (n > 1 ? cand[n - 1] : S->p)) cand[n++] = c;
+    }
+    memset(pt, 0, sizeof pt);
+    pt[0].S = S;
+    for (int i = 1; i < n; i++) {
+        parts[i] = clone_scan(S, cand[i]);
+        if (!parts[i]) { n = i; break; }
+        pt[i].S = parts[i];
+        pt[i].stop = i + 1 < n ? cand[i + 1] : NULL;
+        pt[i].ran = pthread_create(&pt[i].thread, NULL, part_main, &pt[i]) == 0;
+    }
+    int rc = parse_event_run(S, n > 1 ? cand[1] : NULL);
+    for (int i = 1; i < n; i++)
+        if (pt[i].ran) pthread_join(pt[i].thread, NULL);
+
+    Scan *cur = S;
+    for (int i = 1; i < n && rc == R_STOP; i++) {
+        if (cur->p == cand[i] && pt[i].ran) { /* proven: part i starts where i - 1 ended */
+            cur = parts[i];
+            rc = pt[i].rc;
+            *used = i + 1;
+        } else {
+            rc = parse_event_run(cur, NULL);
+        }
+    }
+    if (rc == R_STOP) rc = parse_event_run(cur, NULL); /* last part, unproven successor */
+    if (rc < 0) {
+        S->fail = cur->fail;
+        S->fail_at = cur->fail_at;
+        return -1;
+    }
+    S->p = cur->p; /* after ']' */
+    return 0;
 }
 
 /* ------------------------------------------------------------------ module function */
@@ -982,7 +1099,7 @@ static void free_scan(Scan *S) {
 /* The top-level object: traceEvents parsed into the tables, the `capture` keys' values returned
  * as (start, end) byte spans for the caller to decode, every other value skipped. */
 static int parse_top(Scan *S, Key *capture, Py_ssize_t n_capture, Py_ssize_t *spans,
-                     const Key *events_key) {
+                     const Key *events_key, Scan **parts, int *used, int want, size_t min_part) {
     int seen_events = 0;
     skip_ws(S);
     if (S->p >= S->end || *S->p != '{') DECLINE(S, "not a JSON object");
@@ -1001,7 +1118,7 @@ static int parse_top(Scan *S, Key *capture, Py_ssize_t n_capture, Py_ssize_t *sp
                 if (capture[i].len == len && memcmp(capture[i].key, k, len) == 0) cap = (int)i;
             if (len == events_key->len && memcmp(k, events_key->key, len) == 0) {
                 if (seen_events++) DECLINE(S, "traceEvents given twice");
-                if (parse_events(S)) return -1;
+                if (parse_events(S, parts, used, want, min_part)) return -1;
             } else {
                 const char *start = S->p;
                 if (skip_value(S, 1)) return -1;
@@ -1025,18 +1142,42 @@ static int parse_top(Scan *S, Key *capture, Py_ssize_t n_capture, Py_ssize_t *sp
 
 PyDoc_STRVAR(scan_doc,
 "scan(data, event_keys, arg_keys, top_keys, gpu_cats, kernel_cats, flow_phs, comm_name,\n"
-"     mem_name, release) -> dict | str\n\n"
-"Columns of a Kineto trace's traceEvents as Arrow (schema, array) capsule pairs, or a short\n"
-"reason string when the file needs the Python reader. See kineto.py for the slot order.");
+"     mem_name, release, threads, min_part) -> dict | str\n\n"
+"Columns of a Kineto trace's traceEvents as Arrow (schema, array) capsule pairs, one set of\n"
+"tables per part of the event array (row numbers restart at 0 in each), or a short reason\n"
+"string when the file needs the Python reader. See kineto.py for the slot order.");
+
+static void init_tables(Scan *S) {
+    init_cols(S->main, NCOLS(S->main), "UUUllggll");
+    init_cols(S->flow, NCOLS(S->flow), "Il");
+    init_cols(S->gpu, NCOLS(S->gpu), "Illlllll");
+    init_cols(S->meta, NCOLS(S->meta), "IUllllUUUUUU");
+    init_cols(S->mem, NCOLS(S->mem), "Illlll");
+}
+
+static PyObject *export_part(Scan *S) {
+    PyObject *t[5] = {
+        export_table(S->main, NCOLS(S->main)), export_table(S->flow, NCOLS(S->flow)),
+        export_table(S->gpu, NCOLS(S->gpu)),   export_table(S->meta, NCOLS(S->meta)),
+        export_table(S->mem, NCOLS(S->mem)),
+    };
+    PyObject *out = NULL;
+    if (t[0] && t[1] && t[2] && t[3] && t[4])
+        out = Py_BuildValue("{sOsOsOsOsO}", "main", t[0], "flow", t[1], "gpu", t[2], "meta", t[3],
+                            "mem", t[4]);
+    for (int i = 0; i < 5; i++) Py_XDECREF(t[i]);
+    return out;
+}
 
 static PyObject *scan(PyObject *self, PyObject *args) {
     PyObject *data, *ev_keys, *arg_keys, *top_keys, *gpu_cats, *kernel_cats, *flow_phs;
     const char *comm_name, *mem_name;
     Py_ssize_t comm_len, mem_len;
-    int release;
-    if (!PyArg_ParseTuple(args, "OOOOOOOy#y#p", &data, &ev_keys, &arg_keys, &top_keys, &gpu_cats,
-                          &kernel_cats, &flow_phs, &comm_name, &comm_len, &mem_name, &mem_len,
-                          &release))
+    int release, threads;
+    Py_ssize_t min_part;
+    if (!PyArg_ParseTuple(args, "OOOOOOOy#y#pin", &data, &ev_keys, &arg_keys, &top_keys,
+                          &gpu_cats, &kernel_cats, &flow_phs, &comm_name, &comm_len, &mem_name,
+                          &mem_len, &release, &threads, &min_part))
         return NULL;
     if (bytes_tuple(gpu_cats, "gpu_cats") || bytes_tuple(kernel_cats, "kernel_cats") ||
         bytes_tuple(flow_phs, "flow_phs") || bytes_tuple(top_keys, "top_keys"))
@@ -1049,6 +1190,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t *spans = calloc((size_t)(2 * n_top + 2), sizeof *spans);
     Py_buffer view = {0};
     PyObject *out = NULL;
+    Scan *parts[MAX_PARTS] = {S};
+    int used = 1;
     if (!capture || !spans) {
         PyErr_NoMemory();
         goto done;
@@ -1067,11 +1210,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     S->flow_phs = flow_phs;
     S->comm_name = (Key){comm_name, (size_t)comm_len};
     S->mem_name = (Key){mem_name, (size_t)mem_len};
-    init_cols(S->main, NCOLS(S->main), "UUUllggll");
-    init_cols(S->flow, NCOLS(S->flow), "Il");
-    init_cols(S->gpu, NCOLS(S->gpu), "Illlllll");
-    init_cols(S->meta, NCOLS(S->meta), "IUllllUUUUUU");
-    init_cols(S->mem, NCOLS(S->mem), "Illlll");
+    init_tables(S);
 
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)) goto done;
     S->start = S->p = view.buf;
@@ -1082,19 +1221,24 @@ static PyObject *scan(PyObject *self, PyObject *args) {
 
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = parse_top(S, capture, n_top, spans, &events_key);
-    if (rc == 0) release_pages(S, 1);
+    rc = parse_top(S, capture, n_top, spans, &events_key, parts, &used, threads,
+                   (size_t)(min_part > 0 ? min_part : 0));
+    for (int i = 0; rc == 0 && i < used; i++) release_pages(parts[i], 1);
     Py_END_ALLOW_THREADS
     if (rc) {
         out = PyUnicode_FromFormat("%s (byte %zd)", S->fail ? S->fail : "declined",
                                    (Py_ssize_t)(S->fail_at - S->start));
         goto done;
     }
-    PyObject *tables[5] = {
-        export_table(S->main, NCOLS(S->main)), export_table(S->flow, NCOLS(S->flow)),
-        export_table(S->gpu, NCOLS(S->gpu)),   export_table(S->meta, NCOLS(S->meta)),
-        export_table(S->mem, NCOLS(S->mem)),
-    };
+    PyObject *part_list = PyList_New(used);
+    for (int i = 0; part_list && i < used; i++) {
+        PyObject *part = export_part(parts[i]);
+        if (!part) {
+            Py_CLEAR(part_list);
+            break;
+        }
+        PyList_SET_ITEM(part_list, i, part);
+    }
     PyObject *span_list = PyList_New(n_top);
     for (Py_ssize_t i = 0; span_list && i < n_top; i++) {
         PyObject *v = spans[2 * i] < 0 ? Py_NewRef(Py_None)
@@ -1105,17 +1249,18 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         }
         PyList_SET_ITEM(span_list, i, v);
     }
-    if (tables[0] && tables[1] && tables[2] && tables[3] && tables[4] && span_list) {
-        out = Py_BuildValue("{sOsOsOsOsOsO}", "main", tables[0], "flow", tables[1], "gpu",
-                            tables[2], "meta", tables[3], "mem", tables[4], "spans", span_list);
-    }
-    for (int t = 0; t < 5; t++) Py_XDECREF(tables[t]);
+    if (part_list && span_list)
+        out = Py_BuildValue("{sOsO}", "parts", part_list, "spans", span_list);
+    Py_XDECREF(part_list);
     Py_XDECREF(span_list);
 
 done:
     if (view.obj) PyBuffer_Release(&view);
-    free_scan(S);
-    free(S);
+    for (int i = 0; i < MAX_PARTS; i++) {
+        if (!parts[i]) continue;
+        free_scan(parts[i]);
+        free(parts[i]);
+    }
     free(capture);
     free(spans);
     return out;

@@ -528,11 +528,20 @@ class _ArrowColumn:
         return self._pair
 
 
+# The event array is cut into one part per core, each of at least this many bytes: below it the
+# threads cost more than they save (bench/README.md).
+SCAN_PART_BYTES = 16 << 20
+SCAN_THREADS: int | None = None  # None: the cores this process may use
+
+
 def _scan_columns(data: bytes | mmap.mmap) -> dict[str, Any] | str | None:
-    """The scanner's raw output: capsule columns per table and top-level spans, or the reason it
-    declined the file (a string), or None when it is not built or switched off."""
+    """The scanner's raw output: capsule columns per table and part, and top-level spans; or the
+    reason it declined the file (a string); or None when it is not built or switched off."""
     if _kineto_scan is None or not USE_COMPILED:
         return None
+    cores = SCAN_THREADS or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                             else os.cpu_count() or 1)
+    threads = max(1, min(cores, len(data) // SCAN_PART_BYTES))
     return _kineto_scan.scan(
         data,
         tuple(k.encode() for k in _SCAN_EVENT_KEYS),
@@ -544,6 +553,8 @@ def _scan_columns(data: bytes | mmap.mmap) -> dict[str, Any] | str | None:
         b"record_param_comms",
         MEMORY_EVENT.encode(),
         isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"),
+        threads,
+        SCAN_PART_BYTES,
     )
 
 
@@ -562,11 +573,17 @@ def _scan(data: bytes | mmap.mmap) -> tuple[pl.DataFrame, dict[str, pl.DataFrame
                                                                          type=typ)
             except msgspec.DecodeError:
                 return None
-    frames = {
-        name: pl.DataFrame([pl.Series(_ArrowColumn(pair)).alias(col)
-                            for col, pair in zip(_SCAN_TABLES[name], out[name], strict=True)])
-        for name in _SCAN_TABLES
-    }
+    tables: dict[str, list[pl.DataFrame]] = {name: [] for name in _SCAN_TABLES}
+    base = 0  # rows are numbered from 0 in each part
+    for part in out["parts"]:
+        for name, cols in _SCAN_TABLES.items():
+            df = pl.DataFrame([pl.Series(_ArrowColumn(pair)).alias(col)
+                               for col, pair in zip(cols, part[name], strict=True)])
+            if base and name != "main":
+                df = df.with_columns(pl.col("row") + pl.lit(base, dtype=pl.UInt32))
+            tables[name].append(df)
+        base += tables["main"][-1].height
+    frames = {name: pl.concat(dfs) for name, dfs in tables.items()}
     raw = _with_codes(frames.pop("main")).with_row_index("row")
     return raw, frames, _Doc(**top)
 
