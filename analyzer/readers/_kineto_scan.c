@@ -57,7 +57,7 @@ static int buf_put(Buf *b, const void *src, size_t n) {
     return 0;
 }
 
-enum { T_I64 = 'l', T_F64 = 'g', T_U32 = 'I', T_STR = 'U' };
+enum { T_I64 = 'l', T_F64 = 'g', T_U32 = 'I', T_U8 = 'C', T_STR = 'U' };
 
 typedef struct {
     char type;
@@ -90,6 +90,13 @@ static inline int col_put8(Col *c, int ok, const void *v) {
 
 static inline int col_i64(Col *c, int ok, int64_t v) { return col_put8(c, ok, &v); }
 static inline int col_f64(Col *c, int ok, double v) { return col_put8(c, ok, &v); }
+
+static inline int col_u8(Col *c, uint8_t v) {
+    if (col_valid_bit(c, 1) || buf_grow(&c->data, 1)) return -1;
+    c->data.p[c->data.len++] = (char)v;
+    c->len++;
+    return 0;
+}
 
 static inline int col_u32(Col *c, uint32_t v) {
     if (col_valid_bit(c, 1) || buf_grow(&c->data, 4)) return -1;
@@ -148,7 +155,8 @@ struct ArrowArray {
     void *private_data;
 };
 
-static const char *FORMAT_L = "l", *FORMAT_G = "g", *FORMAT_I = "I", *FORMAT_U = "U";
+static const char *FORMAT_L = "l", *FORMAT_G = "g", *FORMAT_I = "I", *FORMAT_C = "C",
+                  *FORMAT_U = "U";
 
 static void schema_release(struct ArrowSchema *s) { s->release = NULL; }
 
@@ -196,6 +204,7 @@ static PyObject *col_export(Col *c) {
     s->format = c->type == T_I64   ? FORMAT_L
                 : c->type == T_F64 ? FORMAT_G
                 : c->type == T_U32 ? FORMAT_I
+                : c->type == T_U8  ? FORMAT_C
                                    : FORMAT_U;
     s->name = "";
     s->flags = ARROW_FLAG_NULLABLE;
@@ -337,6 +346,15 @@ static inline int find_key(const KeyIndex *ix, const Key *keys, const char *k, s
     return -1;
 }
 
+/* A small string → code map (phases, categories); strings not in it get `dflt`. */
+#define MAX_CODES 64
+typedef struct {
+    Key keys[MAX_CODES];
+    unsigned char code[MAX_CODES];
+    int n;
+    unsigned char dflt;
+} CodeTable;
+
 typedef struct {
     const char *p, *end, *start;
     const char *fail; /* reason the fast path declined (static string) */
@@ -345,9 +363,11 @@ typedef struct {
     KeyIndex ev_index, arg_index;
     Field ev[N_EV], arg[N_ARG];
     /* category / phase / name tests of a row, as the Python reader makes them */
-    PyObject *gpu_cats, *kernel_cats, *flow_phs; /* tuples of bytes */
+    CodeTable ph_codes, cat_kinds; /* ph → phase code, cat → index of its kind (KIND enum) */
+    uint64_t gpu_kinds;            /* bit k: kind k lives on a GPU stream */
+    int kernel_kind, flow_code;
     Key comm_name, mem_name;
-    Col main[9], flow[2], gpu[1 + N_GPU], meta[1 + 1 + N_META_INT + N_META_STR], mem[1 + N_MEM];
+    Col main[9], flow[4], gpu[1 + N_GPU], meta[1 + 1 + N_META_INT + N_META_STR], mem[1 + N_MEM];
     uint32_t row;
     uint64_t touched; /* slots set by this event (bit i: event slot i, N_EV + j: arg slot j) */
     int dirty;        /* 1: an event field, 2: an args field of a type we do not take */
@@ -781,15 +801,11 @@ static int parse_args(Scan *S) {
     }
 }
 
-static int str_in(PyObject *tuple, const Field *f) { /* bytes tuple: a handful of short names */
-    if (f->state != S_VALUE) return 0;
-    Py_ssize_t n = PyTuple_GET_SIZE(tuple);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *b = PyTuple_GET_ITEM(tuple, i);
-        if ((size_t)PyBytes_GET_SIZE(b) == f->n && same(PyBytes_AS_STRING(b), f->s, f->n))
-            return 1;
-    }
-    return 0;
+static int code_of(const CodeTable *t, const Field *f) {
+    if (f->state == S_VALUE)
+        for (int i = 0; i < t->n; i++)
+            if (t->keys[i].len == f->n && same(t->keys[i].key, f->s, f->n)) return t->code[i];
+    return t->dflt;
 }
 
 static int str_is(const Key *k, const Field *f) {
@@ -853,7 +869,10 @@ static int parse_event(Scan *S) {
     uint32_t row = S->row;
     if (S->row == UINT32_MAX) DECLINE(S, "too many events");
     S->row++;
-    for (int i = 0; i < 3; i++) OK(col_str(&S->main[i], ev[i].state, ev[i].s, ev[i].n));
+    int ph = code_of(&S->ph_codes, &ev[E_PH]), kind = code_of(&S->cat_kinds, &ev[E_CAT]);
+    OK(col_u8(&S->main[0], (uint8_t)ph));
+    OK(col_u8(&S->main[1], (uint8_t)kind));
+    OK(col_str(&S->main[2], ev[E_NAME].state, ev[E_NAME].s, ev[E_NAME].n));
     OK(col_i64(&S->main[3], ev[E_PID].state, ev[E_PID].i));
     OK(col_i64(&S->main[4], ev[E_TID].state, ev[E_TID].i));
     OK(col_f64(&S->main[5], ev[E_TS].state, ev[E_TS].f));
@@ -861,16 +880,18 @@ static int parse_event(Scan *S) {
     OK(col_i64(&S->main[7], ar[A_EXT].state, ar[A_EXT].i));
     OK(col_i64(&S->main[8], ar[A_CORR].state, ar[A_CORR].i));
 
-    if (str_in(S->flow_phs, &ev[E_PH])) {
+    if (ph == S->flow_code) {
         OK(col_u32(&S->flow[0], row));
         OK(col_i64(&S->flow[1], ev[E_ID].state, ev[E_ID].i));
+        OK(col_str(&S->flow[2], 1, ev[E_PH].s, ev[E_PH].n));
+        OK(col_str(&S->flow[3], ev[E_CAT].state, ev[E_CAT].s, ev[E_CAT].n));
     }
-    if (str_in(S->gpu_cats, &ev[E_CAT])) {
+    if (kind < 64 && (S->gpu_kinds >> kind & 1)) {
         OK(col_u32(&S->gpu[0], row));
         for (int j = 0; j < N_GPU; j++)
             OK(col_i64(&S->gpu[1 + j], ar[FIRST_GPU + j].state, ar[FIRST_GPU + j].i));
     }
-    int comm = str_in(S->kernel_cats, &ev[E_CAT]) || str_is(&S->comm_name, &ev[E_NAME]);
+    int comm = kind == S->kernel_kind || str_is(&S->comm_name, &ev[E_NAME]);
     if (comm && ar[A_COLL].state == S_VALUE) {
         Col *m = S->meta;
         OK(col_u32(&m[0], row));
@@ -1054,6 +1075,24 @@ static int load_keys(PyObject *seq, Key *keys, int n, const char *what) {
     return 0;
 }
 
+/* (names: tuple of bytes, codes: bytes of the same length, default: int) → a CodeTable. */
+static int load_codes(PyObject *spec, CodeTable *t, const char *what) {
+    PyObject *names, *codes;
+    int dflt;
+    if (!PyArg_ParseTuple(spec, "OSi", &names, &codes, &dflt)) return -1;
+    Py_ssize_t n = PyTuple_Check(names) ? PyTuple_GET_SIZE(names) : -1;
+    if (n < 0 || n > MAX_CODES || PyBytes_GET_SIZE(codes) != n || dflt < 0 || dflt > 255) {
+        PyErr_Format(PyExc_ValueError, "%s: (names, codes, default) of at most %d", what,
+                     MAX_CODES);
+        return -1;
+    }
+    if (load_keys(names, t->keys, (int)n, what)) return -1;
+    memcpy(t->code, PyBytes_AS_STRING(codes), (size_t)n);
+    t->n = (int)n;
+    t->dflt = (unsigned char)dflt;
+    return 0;
+}
+
 static int bytes_tuple(PyObject *t, const char *what) {
     if (!PyTuple_Check(t)) goto bad;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++)
@@ -1141,15 +1180,15 @@ static int parse_top(Scan *S, Key *capture, Py_ssize_t n_capture, Py_ssize_t *sp
 }
 
 PyDoc_STRVAR(scan_doc,
-"scan(data, event_keys, arg_keys, top_keys, gpu_cats, kernel_cats, flow_phs, comm_name,\n"
-"     mem_name, release, threads, min_part) -> dict | str\n\n"
+"scan(data, event_keys, arg_keys, top_keys, ph_codes, cat_kinds, gpu_kinds, kernel_kind,\n"
+"     flow_code, comm_name, mem_name, release, threads, min_part) -> dict | str\n\n"
 "Columns of a Kineto trace's traceEvents as Arrow (schema, array) capsule pairs, one set of\n"
 "tables per part of the event array (row numbers restart at 0 in each), or a short reason\n"
 "string when the file needs the Python reader. See kineto.py for the slot order.");
 
 static void init_tables(Scan *S) {
-    init_cols(S->main, NCOLS(S->main), "UUUllggll");
-    init_cols(S->flow, NCOLS(S->flow), "Il");
+    init_cols(S->main, NCOLS(S->main), "CCUllggll");
+    init_cols(S->flow, NCOLS(S->flow), "IlUU");
     init_cols(S->gpu, NCOLS(S->gpu), "Illlllll");
     init_cols(S->meta, NCOLS(S->meta), "IUllllUUUUUU");
     init_cols(S->mem, NCOLS(S->mem), "Illlll");
@@ -1170,18 +1209,17 @@ static PyObject *export_part(Scan *S) {
 }
 
 static PyObject *scan(PyObject *self, PyObject *args) {
-    PyObject *data, *ev_keys, *arg_keys, *top_keys, *gpu_cats, *kernel_cats, *flow_phs;
+    PyObject *data, *ev_keys, *arg_keys, *top_keys, *ph_codes, *cat_kinds;
     const char *comm_name, *mem_name;
     Py_ssize_t comm_len, mem_len;
-    int release, threads;
+    unsigned long long gpu_kinds;
+    int kernel_kind, flow_code, release, threads;
     Py_ssize_t min_part;
-    if (!PyArg_ParseTuple(args, "OOOOOOOy#y#pin", &data, &ev_keys, &arg_keys, &top_keys,
-                          &gpu_cats, &kernel_cats, &flow_phs, &comm_name, &comm_len, &mem_name,
-                          &mem_len, &release, &threads, &min_part))
+    if (!PyArg_ParseTuple(args, "OOOOOOKiiy#y#pin", &data, &ev_keys, &arg_keys, &top_keys,
+                          &ph_codes, &cat_kinds, &gpu_kinds, &kernel_kind, &flow_code, &comm_name,
+                          &comm_len, &mem_name, &mem_len, &release, &threads, &min_part))
         return NULL;
-    if (bytes_tuple(gpu_cats, "gpu_cats") || bytes_tuple(kernel_cats, "kernel_cats") ||
-        bytes_tuple(flow_phs, "flow_phs") || bytes_tuple(top_keys, "top_keys"))
-        return NULL;
+    if (bytes_tuple(top_keys, "top_keys")) return NULL;
 
     Scan *S = calloc(1, sizeof *S);
     if (!S) return PyErr_NoMemory();
@@ -1205,9 +1243,12 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         goto done;
     }
     for (Py_ssize_t i = 0; i < 2 * n_top; i++) spans[i] = -1;
-    S->gpu_cats = gpu_cats;
-    S->kernel_cats = kernel_cats;
-    S->flow_phs = flow_phs;
+    if (load_codes(ph_codes, &S->ph_codes, "ph_codes") ||
+        load_codes(cat_kinds, &S->cat_kinds, "cat_kinds"))
+        goto done;
+    S->gpu_kinds = gpu_kinds;
+    S->kernel_kind = kernel_kind;
+    S->flow_code = flow_code;
     S->comm_name = (Key){comm_name, (size_t)comm_len};
     S->mem_name = (Key){mem_name, (size_t)mem_len};
     init_tables(S);

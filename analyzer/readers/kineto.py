@@ -1,5 +1,10 @@
 """PyTorch profiler (Kineto) JSON → canonical frames (`analyzer.frames`).
 
+Two readers, one result. The compiled scanner (`_kineto_scan.c`, see "compiled fast path" below)
+reads well-formed files straight into Arrow columns, one thread per part of the event array; it
+declines anything unusual, and the pure-Python reader described next reads those files (and every
+file when the extension is not built). `tests/test_kineto_scan.py` holds the two to equal frames.
+
 Speed matters (traces reach GBs): msgspec decodes straight into Structs that declare only the
 fields we use, so unknown keys (`metadata`, env blocks, `Input Dims`, …) are skipped without ever
 becoming Python objects, and columns are built with one list comprehension each. Only whitelisted
@@ -279,7 +284,7 @@ def read_kineto(path: Path, *, default_rank: int) -> Trace:
     if n_absurd:
         warnings.append(f"{n_absurd} event(s) with duration > 7 days dropped (CUPTI overflow)")
     # Flow rows are the same rows, in the same order, that `_chunk_columns` took the ids of.
-    flows = _flows(raw.filter(_IS_FLOW).with_columns(side["flow"].get_column("id")), rank)
+    flows = _flows(raw.filter(_IS_FLOW).with_columns(side["flow"].select("id", "ph", "cat")), rank)
     timed = raw.filter(is_timed & pl.col("ts_ns").is_not_null() & ~absurd)
     del raw  # lower peak memory: only the timed rows are needed from here on
     timed = timed.join(side["gpu"], on="row", how="left")
@@ -506,13 +511,14 @@ _SCAN_META = ("collective", "in_nelems", "out_nelems", "group_size", "seq", "dty
 _SCAN_TOP = {"deviceProperties": list[_Device] | None, "distributedInfo": _Dist | None,
              "baseTimeNanoseconds": Num}
 _SCAN_TABLES = {
-    "main": ("ph", "cat", "name", "pid", "tid", "ts", "dur", "external_id", "correlation"),
-    "flow": ("row", "id"),
+    "main": ("ph_code", "cat_code", "name", "pid", "tid", "ts", "dur", "external_id", "correlation"),
+    "flow": ("row", "id", "ph", "cat"),
     "gpu": ("row", *GPU_ARG_FIELDS),
     "meta": ("row", *_SCAN_META),
     "mem": ("row", *MEMORY_ARG_FIELDS),
 }
 USE_COMPILED = True  # False: always the Python reader (the equality tests compare both)
+_KIND_INDEX = {k: i for i, k in enumerate(KIND.categories)}  # the Enum's physical codes
 
 
 class _ArrowColumn:
@@ -547,9 +553,12 @@ def _scan_columns(data: bytes | mmap.mmap) -> dict[str, Any] | str | None:
         tuple(k.encode() for k in _SCAN_EVENT_KEYS),
         tuple(_ARG_KEY_OF[f].encode() for f in _SCAN_ARG_FIELDS),
         tuple(k.encode() for k in _SCAN_TOP),
-        tuple(c.encode() for c in GPU_CATS),
-        tuple(c.encode() for c, k in KIND_OF_CAT.items() if k == "kernel"),
-        tuple(p.encode() for p, code in PH_CODE.items() if code == PH_FLOW),
+        (tuple(p.encode() for p in PH_CODE), bytes(PH_CODE.values()), 0),
+        (tuple(c.encode() for c in KIND_OF_CAT), bytes(_KIND_INDEX[k] for k in KIND_OF_CAT.values()),
+         _KIND_INDEX["other"]),
+        sum(1 << _KIND_INDEX[k] for k in GPU_CAT_KINDS),
+        _KIND_INDEX["kernel"],
+        PH_FLOW,
         b"record_param_comms",
         MEMORY_EVENT.encode(),
         isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"),
@@ -584,8 +593,11 @@ def _scan(data: bytes | mmap.mmap) -> tuple[pl.DataFrame, dict[str, pl.DataFrame
             tables[name].append(df)
         base += tables["main"][-1].height
     frames = {name: pl.concat(dfs) for name, dfs in tables.items()}
-    raw = _with_codes(frames.pop("main")).with_row_index("row")
-    return raw, frames, _Doc(**top)
+    raw = frames.pop("main").with_columns(
+        pl.col("cat_code").replace_strict(dict(enumerate(_KIND_INDEX)), return_dtype=KIND)
+        .alias("cat_kind")
+    ).drop("cat_code")
+    return raw.with_row_index("row"), frames, _Doc(**top)
 
 
 def _columns(
@@ -769,6 +781,8 @@ def _chunk_columns(
         [
             _row_series(flow_idx, base),
             _num_series("id", [evs[i].id for i in flow_idx], pl.Int64),
+            _str_series("ph", [evs[i].ph for i in flow_idx]),
+            _str_series("cat", [evs[i].cat for i in flow_idx]),
         ]
     )
     # The full args of GPU and collective rows, once; then each side frame's share of them.
@@ -813,12 +827,13 @@ def _chunk_columns(
 
 
 def _with_codes(df: pl.DataFrame) -> pl.DataFrame:
+    """`ph` and `cat` → the codes every later mask reads (flow rows keep theirs in a side frame)."""
     return df.with_columns(
         pl.col("ph").replace_strict(PH_CODE, default=0, return_dtype=pl.UInt8).alias("ph_code"),
         pl.col("cat")
         .replace_strict(KIND_OF_CAT, default="other", return_dtype=KIND)
         .alias("cat_kind"),
-    )
+    ).drop("ph", "cat")
 
 
 def _row_series(idx: list[int], base: int) -> pl.Series:
@@ -959,8 +974,8 @@ def _comms(meta: pl.DataFrame, events: pl.DataFrame, rank: int) -> pl.DataFrame:
         "pg_ranks",
         "seq",
     ]
-    host = meta.filter(pl.col("cat") == "cpu_op").select(cols)
-    gpu = meta.filter(pl.col("cat").is_in(["kernel", "Kernel"])).select(cols)
+    host = meta.filter(pl.col("cat_kind") == "cpu_op").select(cols)
+    gpu = meta.filter(pl.col("cat_kind") == "kernel").select(cols)
     kern_corr = (
         gpu.filter(pl.col("external_id").is_not_null())
         .group_by("external_id")
