@@ -195,11 +195,12 @@ def classify(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> p
     require(events, ("kind", "name", "copy_kind", "bytes", "sync_kind"), what="events")
     cl = classes or load_classes()
     key_cols = ["kind", "name", "copy_kind", "sync_kind", "_size_bucket"]
-    ev = events.with_columns(_size_bucket(cl.size_thresholds).alias("_size_bucket"))
-    keys = ev.select(key_cols).unique()
-    classified = classify_keys(keys, cl)
-    out = ev.join(classified, on=key_cols, how="left", nulls_equal=True, maintain_order="left")
-    return out.drop("_size_bucket")
+    ev = events.select(*key_cols[:-1], _size_bucket(cl.size_thresholds).alias("_size_bucket"))
+    classified = classify_keys(ev.unique(), cl)
+    # Only the key columns go through the join; the event columns are shared, not copied (a join
+    # of the whole frame doubled the reader's peak memory for a moment).
+    new = ev.join(classified, on=key_cols, how="left", nulls_equal=True, maintain_order="left")
+    return events.hstack(new.select("kclass", "wall", "rclass", "blocking"))
 
 
 def class_table(events: pl.DataFrame) -> pl.DataFrame:

@@ -209,11 +209,13 @@ def empty(schema: pl.Schema) -> pl.DataFrame:
 
 
 def conform(df: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
-    """Return `df` with exactly `schema`'s columns, in order and dtype; missing columns are null."""
+    """Return `df` with exactly `schema`'s columns, in order and dtype; missing columns are null.
+    A value the dtype cannot hold (an id beyond Int32 in a corrupt trace) becomes null: input is
+    untrusted, and a failed cast would surface as a polars traceback."""
     cols = []
     for name, dtype in schema.items():
         if name in df.columns:
-            cols.append(pl.col(name).cast(dtype))
+            cols.append(pl.col(name).cast(dtype, strict=False))
         else:
             cols.append(pl.lit(None, dtype=dtype).alias(name))
     return df.lazy().select(cols).collect() if df.width else pl.DataFrame(schema=schema)

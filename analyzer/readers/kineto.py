@@ -287,13 +287,16 @@ def read_kineto(path: Path, *, default_rank: int) -> Trace:
     flows = _flows(raw.filter(_IS_FLOW).with_columns(side["flow"].select("id", "ph", "cat")), rank)
     timed = raw.filter(is_timed & pl.col("ts_ns").is_not_null() & ~absurd)
     del raw  # lower peak memory: only the timed rows are needed from here on
-    timed = timed.join(side["gpu"], on="row", how="left")
+    # The GPU args join as columns of their own, aligned through the row numbers alone: the
+    # timed columns are shared, not copied by the join (−1 copy of the frame at the peak).
+    gpu = timed.select("row").join(side["gpu"], on="row", how="left", maintain_order="left")
+    timed = timed.hstack(gpu.drop("row"))
 
     # Lazy for the events frame: derivations and the final casts run as one query.
     meta = timed.join(side["meta"], on="row", how="inner")
     mem = timed.select("row", "ts_ns").join(side["mem"], on="row", how="inner")
     events = _events(timed.lazy(), rank)
-    del timed, side  # before the comms and ranks frames are built: lower peak memory
+    del timed, gpu, side  # before the comms and ranks frames are built: lower peak memory
     comms = _comms(meta, events, rank)
     ranks = _ranks(dist, devices, events, rank, path)
     return Trace(events=events, comms=comms, flows=flows, ranks=ranks, warnings=tuple(warnings),
@@ -903,7 +906,8 @@ def _events(timed: pl.LazyFrame, rank: int) -> pl.DataFrame:
         _on_kind(df, "memcpy", copy_kind, EVENTS_SCHEMA["copy_kind"]).alias("copy_kind"),
         _on_kind(df, "sync", sync_kind, EVENTS_SCHEMA["sync_kind"]).alias("sync_kind"),
     )
-    return df.select(pl.col(c).cast(t) for c, t in EVENTS_SCHEMA.items())
+    # Non-strict: a device id beyond Int32 (a corrupt arg) reads as unknown, as `_i32` does.
+    return df.select(pl.col(c).cast(t, strict=False) for c, t in EVENTS_SCHEMA.items())
 
 
 def _on_kind(df: pl.DataFrame, kind: str, expr: pl.Expr, dtype: pl.DataType) -> pl.Series:
