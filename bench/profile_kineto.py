@@ -3,10 +3,13 @@ threads, user + system), MB of JSON per CPU-second, optionally a cProfile of one
 
     python bench/profile_kineto.py FILE [FILE ...] [--repeat 5] [--profile] [--rss]
     python bench/profile_kineto.py FILE ... --against /tmp/kineto_before.py   # A/B, interleaved
+    python bench/profile_kineto.py FILE ... --python-too   # compiled scanner vs pure-Python reader
 
 `--against PATH` loads another copy of the reader module (e.g. `git show HEAD~1:analyzer/readers/
 kineto.py > /tmp/kineto_before.py`) and alternates reads between the two, so that both see the
-same machine load; the best of N of each is printed. `--rss` first reads each file once in a fresh
+same machine load; the best of N of each is printed (CPU seconds, all threads, and wall seconds:
+the compiled scanner reads with one thread per 16 MB part). `--python-too` adds the current reader
+with its compiled scanner switched off (`USE_COMPILED = False`). `--rss` first reads each file once in a fresh
 subprocess per reader and prints its peak RSS (`ru_maxrss`), before this process reads anything:
 Linux carries a parent's high-water mark into a child across fork/exec, so a child started after
 a big read would report the parent's peak.
@@ -37,6 +40,7 @@ spec = importlib.util.spec_from_file_location("kineto_under_test", sys.argv[2])
 mod = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = mod
 spec.loader.exec_module(mod)
+mod.USE_COMPILED = sys.argv[4] == "compiled"
 mod.read_kineto(Path(sys.argv[1]), default_rank=0)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
@@ -51,15 +55,16 @@ def load_reader(path: Path, name: str) -> ModuleType:
     return mod
 
 
-def cpu_of(read: Callable[..., object], path: Path) -> float:
-    t = time.process_time()
+def cpu_of(read: Callable[..., object], path: Path) -> tuple[float, float]:
+    t, w = time.process_time(), time.perf_counter()
     read(path, default_rank=0)
-    return time.process_time() - t
+    return time.process_time() - t, time.perf_counter() - w
 
 
-def peak_rss_mb(path: Path, reader: Path) -> float:
+def peak_rss_mb(path: Path, reader: Path, compiled: bool = True) -> float:
     out = subprocess.run(
-        [sys.executable, "-c", RSS_CHILD, str(path), str(reader), str(ROOT)],
+        [sys.executable, "-c", RSS_CHILD, str(path), str(reader), str(ROOT),
+         "compiled" if compiled else "python"],
         check=True,
         capture_output=True,
         text=True,
@@ -74,23 +79,32 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--rss", action="store_true")
     ap.add_argument("--against", type=Path, help="another copy of kineto.py to compare with")
+    ap.add_argument("--python-too", action="store_true",
+                    help="also the current reader with its compiled scanner off")
     args = ap.parse_args()
     readers = {"now": READER}
     if args.against:
         readers = {"before": args.against, **readers}
+    if args.python_too:
+        readers["python"] = READER
     if args.rss:
         for p in args.files:
-            rss = "  ".join(f"{k} {peak_rss_mb(p, r):.0f} MB" for k, r in readers.items())
+            rss = "  ".join(f"{k} {peak_rss_mb(p, r, k != 'python'):.0f} MB"
+                            for k, r in readers.items())
             print(f"{p.name}: peak RSS {rss}", flush=True)
     mods = {k: load_reader(r, f"kineto_{k}") for k, r in readers.items()}
+    if "python" in mods:
+        mods["python"].USE_COMPILED = False
     for p in args.files:
         mb = p.stat().st_size / 1e6
-        best = dict.fromkeys(mods, float("inf"))
+        best = {k: (float("inf"), float("inf")) for k in mods}
         for _ in range(args.repeat):
             for k, m in mods.items():
-                best[k] = min(best[k], cpu_of(m.read_kineto, p))
+                cpu, wall = cpu_of(m.read_kineto, p)
+                best[k] = (min(best[k][0], cpu), min(best[k][1], wall))
         cols = "  |  ".join(
-            f"{k}: {cpu:.3f} CPU-s {mb / cpu:6.1f} MB/CPU-s" for k, cpu in best.items()
+            f"{k}: {cpu:.3f} CPU-s {mb / cpu:6.1f} MB/CPU-s {wall:.3f} s"
+            for k, (cpu, wall) in best.items()
         )
         print(f"{p.name} ({mb:.1f} MB): {cols}", flush=True)
         if args.profile:
