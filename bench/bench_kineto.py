@@ -50,10 +50,11 @@ DEFAULT_TRACES = [
 
 
 def hta_equivalent(trace: Any) -> dict[str, float]:
-    """HTA 0.5.0 get_temporal_breakdown() computed from our frames (µs, like HTA)."""
+    """HTA 0.5.0 get_temporal_breakdown() computed from our frames (µs, like HTA), for the
+    trace's first rank (HTA reports one row per rank; the table compares the first)."""
     import polars as pl
 
-    ev = trace.events
+    ev = trace.events.filter(pl.col("rank") == trace.events.get_column("rank").min())
     # HTA takes the last step start over every non-GPU row named ProfilerStep*, which includes
     # the GPU-projected copies (gpu_user_annotation has no stream arg, so HTA files it as CPU).
     steps = ev.filter(
@@ -102,15 +103,21 @@ def hta_equivalent(trace: Any) -> dict[str, float]:
 
 
 def worker_read(path: Path, repeat: int, gz: Path | None) -> dict[str, Any]:
+    """Best of `repeat` reads: `read_kineto` for a file, `load_trace` (ranks' files side by side)
+    for a directory."""
     sys.path.insert(0, str(ROOT))
+    from analyzer.readers import load_trace
     from analyzer.readers.kineto import read_kineto
+
+    def read(p: Path, default_rank: int) -> Any:
+        return load_trace([p]) if p.is_dir() else read_kineto(p, default_rank=default_rank)
 
     walls, cpus = [], []
     trace = None
     for _ in range(repeat):
         trace = None  # free the previous read first: peak RSS is that of one read
         t0, c0 = time.perf_counter(), time.process_time()
-        trace = read_kineto(path, default_rank=0)
+        trace = read(path, default_rank=0)
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
     out: dict[str, Any] = {
@@ -121,6 +128,7 @@ def worker_read(path: Path, repeat: int, gz: Path | None) -> dict[str, Any]:
         "flows": trace.flows.height,
         "comms": trace.comms.height,
         "rank": int(trace.ranks.get_column("rank")[0]),
+        "ranks": trace.ranks.height,
     }
     if gz is not None:
         t0 = time.perf_counter()
@@ -226,8 +234,10 @@ def ensure_hta_venv() -> Path:
 # --------------------------------------------------------------------------- driver
 
 
-def prepare(workdir: Path, traces: list[str], base: str, scales: list[int]) -> list[dict[str, Any]]:
-    """Uncompressed copies, one per directory (HTA reads a directory of rank files)."""
+def prepare(workdir: Path, traces: list[str], base: str, scales: list[int],
+            ranks: list[int] = ()) -> list[dict[str, Any]]:
+    """Uncompressed copies, one per directory (HTA reads a directory of rank files); for each n
+    in `ranks`, a directory of n rank files (the 4× replica, `distributedInfo.rank` 0…n−1)."""
     items = []
     for stem in traces:
         src = CORPUS / f"{stem}.json.gz"
@@ -256,7 +266,27 @@ def prepare(workdir: Path, traces: list[str], base: str, scales: list[int]) -> l
                 check=True,
             )
         items.append({"name": name, "json": dst, "gz": None, "scale": n})
+    for n in ranks:
+        src = workdir / f"{base}_x4" / f"{base}_x4.json"
+        if not src.exists():
+            raise SystemExit(f"--ranks needs the 4x replica: run with --scales 4 first ({src})")
+        d = workdir / f"{base}_x4_r{n}"
+        d.mkdir(parents=True, exist_ok=True)
+        text = src.read_text()
+        head = text.index('"distributedInfo"')
+        for r in range(n):
+            dst = d / f"rank{r}.json"
+            if not dst.exists():  # the first "rank": after distributedInfo is its own
+                at = text.index('"rank":', head)
+                end = text.index(",", at)
+                dst.write_text(f'{text[:at]}"rank": {r}{text[end:]}')
+        items.append({"name": d.name, "json": d, "gz": None, "scale": 4})
     return items
+
+
+def size_mb(path: Path) -> float:
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    return sum(f.stat().st_size for f in files) / 1e6
 
 
 def pct(part: float, whole: float) -> float:
@@ -266,11 +296,11 @@ def pct(part: float, whole: float) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     load0 = os.getloadavg()
     workdir = Path(args.workdir)
-    items = prepare(workdir, args.traces, args.base, args.scales)
+    items = prepare(workdir, args.traces, args.base, args.scales, args.ranks)
     hta_py = None if args.no_hta else ensure_hta_venv()
     results = []
     for it in items:
-        mb = it["json"].stat().st_size / 1e6
+        mb = size_mb(it["json"])
         row: dict[str, Any] = {"name": it["name"], "scale": it["scale"], "mb": mb}
         cmd = [
             sys.executable,
@@ -288,9 +318,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for stage in ("core", "diagnose"):
                 row[stage] = measure([sys.executable, __file__, "--worker", stage, str(it["json"])])
         if hta_py is not None:
-            row["hta"] = measure(
-                [str(hta_py), str(BENCH / "hta_breakdown.py"), str(it["json"].parent)]
-            )
+            trace_dir = it["json"] if it["json"].is_dir() else it["json"].parent
+            row["hta"] = measure([str(hta_py), str(BENCH / "hta_breakdown.py"), str(trace_dir)])
         results.append(row)
         print(summary_line(row), file=sys.stderr)
     return {
@@ -335,7 +364,7 @@ def table(res: dict[str, Any]) -> str:
             return f"{hta_s / x['diagnose_s']:.1f}×" if x and "diagnose_s" in x else "—"
 
         if h:
-            hr = h["ranks"][0]
+            hr = min(h["ranks"], key=lambda x: x["rank"])
             hta_s = h["parse_s"] + h["breakdown_s"]
             mem = (f"{c['maxrss_mb'] / h['tree_peak_mb']:.2f}" if c and "maxrss_mb" in c
                    else "—")
@@ -370,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--base", default="hta_a100_2rank_nccl", help="trace replicated for linearity")
     ap.add_argument("--scales", nargs="*", type=int, default=[1, 4, 16])
+    ap.add_argument("--ranks", nargs="*", type=int, default=[4],
+                    help="also a directory of this many rank files (copies of the 4x replica)")
     ap.add_argument("--repeat", type=int, default=3, help="reads per worker; the fastest is kept")
     ap.add_argument("--no-hta", action="store_true")
     ap.add_argument("--no-diagnose", action="store_true")

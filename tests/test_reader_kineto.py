@@ -532,6 +532,33 @@ def test_two_files_two_ranks(corpus: Path) -> None:
     assert t.events.schema == EVENTS_SCHEMA and t.comms.schema == COMMS_SCHEMA
 
 
+def test_rank_files_read_side_by_side_same_as_one_by_one(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several ranks' files are read by a thread pool: the Trace equals the one read with one
+    worker, and of two bad files the first in the given order is the error reported."""
+    import analyzer.readers as readers
+
+    k = corpus / "public" / "kineto"
+    files = [k / "hta_cuda_event_sync.json.gz", k / "hta_cpu_only.json.gz",
+             k / "hta_mi250_minitoy.json.gz", k / "hta_a100_alltoall_rank3of8.json.gz"]
+    monkeypatch.setattr(readers, "cpu_count", lambda: 4)
+    many = load_trace(files)
+    monkeypatch.setattr(readers, "cpu_count", lambda: 1)
+    one = load_trace(files)
+    assert all(a.equals(b) for a, b in zip(
+        (many.events, many.comms, many.flows, many.ranks, many.memory),
+        (one.events, one.comms, one.flows, one.ranks, one.memory), strict=True))
+    text = json.dumps({"traceEvents": [ev()] * 20})
+    bad1 = write(tmp_path, "b1.json", text[: len(text) // 2])
+    bad2 = write(tmp_path, "b2.json.gz", b"\x1f\x8b garbage")
+    monkeypatch.setattr(readers, "cpu_count", lambda: 4)
+    for order in ([files[0], bad2, bad1], [files[0], bad1, bad2]):
+        with pytest.raises(UserError) as info:
+            load_trace(order)
+        assert str(order[1]) in str(info.value)
+
+
 def test_absurd_header_values_read_as_unknown(tmp_path: Path) -> None:
     doc = {
         "distributedInfo": {"rank": 2**40, "world_size": -(2**63) - 1, "backend": 7},

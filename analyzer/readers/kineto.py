@@ -242,14 +242,15 @@ class _SlowPath(Exception):
     """A chunk the typed decoder rejects: the whole file goes through `_decode` instead."""
 
 
-def read_kineto(path: Path, *, default_rank: int) -> Trace:
+def read_kineto(path: Path, *, default_rank: int, threads: int | None = None) -> Trace:
     """Read one Kineto trace (`.json` or `.json.gz`) into canonical frames.
 
-    The rank is `distributedInfo.rank` when the file has one, else `default_rank`.
+    The rank is `distributedInfo.rank` when the file has one, else `default_rank`. `threads`:
+    at most this many for the compiled scanner (default: every core this process may use).
     """
     path = Path(path)
     data = _open(path)
-    scanned = _scan(data)
+    scanned = _scan(data, threads)
     if scanned is not None:  # the compiled fast path read it
         raw, side, doc = scanned
         warnings: list[str] = []
@@ -540,16 +541,18 @@ class _ArrowColumn:
 # The event array is cut into one part per core, each of at least this many bytes: below it the
 # threads cost more than they save (bench/README.md).
 SCAN_PART_BYTES = 16 << 20
-SCAN_THREADS: int | None = None  # None: the cores this process may use
+SCAN_THREADS: int | None = None  # tests: force this many (else `threads`, else every core)
 
 
-def _scan_columns(data: bytes | mmap.mmap) -> dict[str, Any] | str | None:
+def _scan_columns(data: bytes | mmap.mmap, threads: int | None = None
+                  ) -> dict[str, Any] | str | None:
     """The scanner's raw output: capsule columns per table and part, and top-level spans; or the
     reason it declined the file (a string); or None when it is not built or switched off."""
     if _kineto_scan is None or not USE_COMPILED:
         return None
-    cores = SCAN_THREADS or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                             else os.cpu_count() or 1)
+    from analyzer.readers import cpu_count
+
+    cores = SCAN_THREADS or threads or cpu_count()
     threads = max(1, min(cores, len(data) // SCAN_PART_BYTES))
     return _kineto_scan.scan(
         data,
@@ -570,11 +573,12 @@ def _scan_columns(data: bytes | mmap.mmap) -> dict[str, Any] | str | None:
     )
 
 
-def _scan(data: bytes | mmap.mmap) -> tuple[pl.DataFrame, dict[str, pl.DataFrame], _Doc] | None:
+def _scan(data: bytes | mmap.mmap, threads: int | None = None
+          ) -> tuple[pl.DataFrame, dict[str, pl.DataFrame], _Doc] | None:
     """The frames `_columns` would build, and the whitelisted top-level fields, from the compiled
     scanner; None when it is not built or declines the file (then the Python reader reads it and
     owns every warning and error)."""
-    out = _scan_columns(data)
+    out = _scan_columns(data, threads)
     if not isinstance(out, dict):
         return None
     top = {}
