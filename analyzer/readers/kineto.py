@@ -490,6 +490,10 @@ GPU_ARG_FIELDS = (
     "wait_on_stream",
     "wait_on_cuda_event_record_corr_id",
 )
+# Collective metadata (`record_param_comms` and NCCL kernels), after `collective` itself.
+META_INT_FIELDS = ("in_nelems", "out_nelems", "group_size", "seq")
+META_STR_FIELDS = ("dtype", "pg_name", "pg_desc")
+META_SPLIT_FIELDS = ("in_split", "out_split", "pg_ranks")  # Kineto strings; lists in some writers
 MEMORY_EVENT = "[memory]"
 MEMORY_ARG_FIELDS = ("mem_device_type", "mem_device", "mem_bytes", "total_allocated",
                      "total_reserved")
@@ -505,13 +509,8 @@ except ImportError:  # pragma: no cover - exercised by the equality tests' pure-
 # The scanner's slots, in its order (`_kineto_scan.c`: E_* and A_* enums); the JSON keys come from
 # the Structs above, so a renamed key is changed in one place for both paths.
 _SCAN_EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "args")
-_SCAN_ARG_FIELDS = (
-    "external_id", "correlation", *GPU_ARG_FIELDS, "collective", "in_nelems", "out_nelems",
-    "group_size", "seq", "dtype", "pg_name", "pg_desc", "in_split", "out_split", "pg_ranks",
-    *MEMORY_ARG_FIELDS,
-)
-_SCAN_META = ("collective", "in_nelems", "out_nelems", "group_size", "seq", "dtype", "pg_name",
-              "pg_desc", "in_split", "out_split", "pg_ranks")
+_SCAN_META = ("collective", *META_INT_FIELDS, *META_STR_FIELDS, *META_SPLIT_FIELDS)
+_SCAN_ARG_FIELDS = ("external_id", "correlation", *GPU_ARG_FIELDS, *_SCAN_META, *MEMORY_ARG_FIELDS)
 _SCAN_TOP = {"deviceProperties": list[_Device] | None, "distributedInfo": _Dist | None,
              "baseTimeNanoseconds": Num}
 _SCAN_TABLES = {
@@ -809,17 +808,11 @@ def _chunk_columns(
         [
             _row_series([need[j] for j in keep], base),
             _str_series("collective", [a.collective for a in sub]),
-            *(
-                _num_series(f, list(map(attrgetter(f), sub)), pl.Int64)
-                for f in ("in_nelems", "out_nelems", "group_size", "seq")
-            ),
-            *(
-                _str_series(f, list(map(attrgetter(f), sub)))
-                for f in ("dtype", "pg_name", "pg_desc")
-            ),
+            *(_num_series(f, list(map(attrgetter(f), sub)), pl.Int64) for f in META_INT_FIELDS),
+            *(_str_series(f, list(map(attrgetter(f), sub))) for f in META_STR_FIELDS),
             *(
                 _str_series(f, [_split_str(getattr(a, f)) for a in sub])
-                for f in ("in_split", "out_split", "pg_ranks")
+                for f in META_SPLIT_FIELDS
             ),
         ]
     )
