@@ -916,7 +916,7 @@ static void release_pages(Scan *S, int final) {
     long page = sysconf(_SC_PAGESIZE);
     uintptr_t upto = (uintptr_t)S->p;
     upto -= upto % (uintptr_t)page;
-    if (!final && upto < (uintptr_t)S->released + (32u << 20)) return;
+    if (!final && upto < (uintptr_t)S->released + (8u << 20)) return;
     if (upto > (uintptr_t)S->released) {
         madvise((void *)S->released, upto - (uintptr_t)S->released, MADV_DONTNEED);
         S->released = (const char *)upto;

@@ -294,7 +294,9 @@ def read_kineto(path: Path, *, default_rank: int, threads: int | None = None) ->
     timed = timed.hstack(gpu.drop("row"))
 
     # Lazy for the events frame: derivations and the final casts run as one query.
-    meta = timed.join(side["meta"], on="row", how="inner")
+    # (the few rows with metadata picked first: a join of all timed rows costs a transient copy)
+    meta = timed.filter(pl.col("row").is_in(side["meta"].get_column("row").implode()))
+    meta = meta.join(side["meta"], on="row", how="inner")
     mem = timed.select("row", "ts_ns").join(side["mem"], on="row", how="inner")
     events = _events(timed.lazy(), rank)
     del timed, gpu, side  # before the comms and ranks frames are built: lower peak memory
