@@ -366,8 +366,9 @@ typedef struct {
     CodeTable ph_codes, cat_kinds; /* ph → phase code, cat → index of its kind (KIND enum) */
     uint64_t gpu_kinds;            /* bit k: kind k lives on a GPU stream */
     int kernel_kind, flow_code;
+    uint64_t timed_codes; /* bit c: rows of phase code c go to the main table */
     Key comm_name, mem_name;
-    Col main[9], flow[4], gpu[1 + N_GPU], meta[1 + 1 + N_META_INT + N_META_STR], mem[1 + N_MEM];
+    Col main[10], flow[7], gpu[1 + N_GPU], meta[1 + 1 + N_META_INT + N_META_STR], mem[1 + N_MEM];
     uint32_t row;
     uint64_t touched; /* slots set by this event (bit i: event slot i, N_EV + j: arg slot j) */
     int dirty;        /* 1: an event field, 2: an args field of a type we do not take */
@@ -870,22 +871,27 @@ static int parse_event(Scan *S) {
     if (S->row == UINT32_MAX) DECLINE(S, "too many events");
     S->row++;
     int ph = code_of(&S->ph_codes, &ev[E_PH]), kind = code_of(&S->cat_kinds, &ev[E_CAT]);
-    OK(col_u8(&S->main[0], (uint8_t)ph));
-    OK(col_u8(&S->main[1], (uint8_t)kind));
-    OK(col_str(&S->main[2], ev[E_NAME].state, ev[E_NAME].s, ev[E_NAME].n));
-    OK(col_i64(&S->main[3], ev[E_PID].state, ev[E_PID].i));
-    OK(col_i64(&S->main[4], ev[E_TID].state, ev[E_TID].i));
-    OK(col_f64(&S->main[5], ev[E_TS].state, ev[E_TS].f));
-    OK(col_f64(&S->main[6], ev[E_DUR].state, ev[E_DUR].f));
-    OK(col_i64(&S->main[7], ar[A_EXT].state, ar[A_EXT].i));
-    OK(col_i64(&S->main[8], ar[A_CORR].state, ar[A_CORR].i));
-
-    if (ph == S->flow_code) {
+    if (ph == S->flow_code) { /* flow endpoints: a table of their own, all they need */
         OK(col_u32(&S->flow[0], row));
         OK(col_i64(&S->flow[1], ev[E_ID].state, ev[E_ID].i));
         OK(col_str(&S->flow[2], 1, ev[E_PH].s, ev[E_PH].n));
         OK(col_str(&S->flow[3], ev[E_CAT].state, ev[E_CAT].s, ev[E_CAT].n));
+        OK(col_f64(&S->flow[4], ev[E_TS].state, ev[E_TS].f));
+        OK(col_i64(&S->flow[5], ev[E_PID].state, ev[E_PID].i));
+        OK(col_i64(&S->flow[6], ev[E_TID].state, ev[E_TID].i));
+        return 0;
     }
+    if (ph >= 64 || !(S->timed_codes >> ph & 1)) return 0; /* metadata ('M') rows: no frame */
+    OK(col_u32(&S->main[0], row));
+    OK(col_u8(&S->main[1], (uint8_t)ph));
+    OK(col_u8(&S->main[2], (uint8_t)kind));
+    OK(col_str(&S->main[3], ev[E_NAME].state, ev[E_NAME].s, ev[E_NAME].n));
+    OK(col_i64(&S->main[4], ev[E_PID].state, ev[E_PID].i));
+    OK(col_i64(&S->main[5], ev[E_TID].state, ev[E_TID].i));
+    OK(col_f64(&S->main[6], ev[E_TS].state, ev[E_TS].f));
+    OK(col_f64(&S->main[7], ev[E_DUR].state, ev[E_DUR].f));
+    OK(col_i64(&S->main[8], ar[A_EXT].state, ar[A_EXT].i));
+    OK(col_i64(&S->main[9], ar[A_CORR].state, ar[A_CORR].i));
     if (kind < 64 && (S->gpu_kinds >> kind & 1)) {
         OK(col_u32(&S->gpu[0], row));
         for (int j = 0; j < N_GPU; j++)
@@ -1181,14 +1187,15 @@ static int parse_top(Scan *S, Key *capture, Py_ssize_t n_capture, Py_ssize_t *sp
 
 PyDoc_STRVAR(scan_doc,
 "scan(data, event_keys, arg_keys, top_keys, ph_codes, cat_kinds, gpu_kinds, kernel_kind,\n"
-"     flow_code, comm_name, mem_name, release, threads, min_part) -> dict | str\n\n"
+"     timed_codes, flow_code, comm_name, mem_name, release, threads, min_part) -> dict | str\n\n"
 "Columns of a Kineto trace's traceEvents as Arrow (schema, array) capsule pairs, one set of\n"
-"tables per part of the event array (row numbers restart at 0 in each), or a short reason\n"
+"tables per part of the event array (row numbers restart at 0 in each; `events` counts the\n"
+"part's events, kept or not), or a short reason\n"
 "string when the file needs the Python reader. See kineto.py for the slot order.");
 
 static void init_tables(Scan *S) {
-    init_cols(S->main, NCOLS(S->main), "CCUllggll");
-    init_cols(S->flow, NCOLS(S->flow), "IlUU");
+    init_cols(S->main, NCOLS(S->main), "ICCUllggll");
+    init_cols(S->flow, NCOLS(S->flow), "IlUUgll");
     init_cols(S->gpu, NCOLS(S->gpu), "Illlllll");
     init_cols(S->meta, NCOLS(S->meta), "IUllllUUUUUU");
     init_cols(S->mem, NCOLS(S->mem), "Illlll");
@@ -1202,8 +1209,8 @@ static PyObject *export_part(Scan *S) {
     };
     PyObject *out = NULL;
     if (t[0] && t[1] && t[2] && t[3] && t[4])
-        out = Py_BuildValue("{sOsOsOsOsO}", "main", t[0], "flow", t[1], "gpu", t[2], "meta", t[3],
-                            "mem", t[4]);
+        out = Py_BuildValue("{sOsOsOsOsOsI}", "main", t[0], "flow", t[1], "gpu", t[2], "meta",
+                            t[3], "mem", t[4], "events", (unsigned int)S->row);
     for (int i = 0; i < 5; i++) Py_XDECREF(t[i]);
     return out;
 }
@@ -1212,12 +1219,13 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     PyObject *data, *ev_keys, *arg_keys, *top_keys, *ph_codes, *cat_kinds;
     const char *comm_name, *mem_name;
     Py_ssize_t comm_len, mem_len;
-    unsigned long long gpu_kinds;
+    unsigned long long gpu_kinds, timed_codes;
     int kernel_kind, flow_code, release, threads;
     Py_ssize_t min_part;
-    if (!PyArg_ParseTuple(args, "OOOOOOKiiy#y#pin", &data, &ev_keys, &arg_keys, &top_keys,
-                          &ph_codes, &cat_kinds, &gpu_kinds, &kernel_kind, &flow_code, &comm_name,
-                          &comm_len, &mem_name, &mem_len, &release, &threads, &min_part))
+    if (!PyArg_ParseTuple(args, "OOOOOOKiKiy#y#pin", &data, &ev_keys, &arg_keys, &top_keys,
+                          &ph_codes, &cat_kinds, &gpu_kinds, &kernel_kind, &timed_codes,
+                          &flow_code, &comm_name, &comm_len, &mem_name, &mem_len, &release,
+                          &threads, &min_part))
         return NULL;
     if (bytes_tuple(top_keys, "top_keys")) return NULL;
 
@@ -1249,6 +1257,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     S->gpu_kinds = gpu_kinds;
     S->kernel_kind = kernel_kind;
     S->flow_code = flow_code;
+    S->timed_codes = timed_codes;
     S->comm_name = (Key){comm_name, (size_t)comm_len};
     S->mem_name = (Key){mem_name, (size_t)mem_len};
     init_tables(S);

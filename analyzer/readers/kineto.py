@@ -277,16 +277,18 @@ def read_kineto(path: Path, *, default_rank: int, threads: int | None = None) ->
 
     is_timed = pl.col("ph_code").is_between(PH_TIMED, PH_INSTANT)
     absurd = (pl.col("dur_ns") > MAX_DUR_NS).fill_null(False)
-    no_ts, n_absurd = raw.select(
-        no_ts=(is_timed & pl.col("ts_ns").is_null()).sum(), absurd=(is_timed & absurd).sum()
+    keep = is_timed & pl.col("ts_ns").is_not_null() & ~absurd
+    no_ts, n_absurd, n_keep = raw.select(
+        no_ts=(is_timed & pl.col("ts_ns").is_null()).sum(), absurd=(is_timed & absurd).sum(),
+        keep=keep.sum(),
     ).row(0)
     if no_ts:
         warnings.append(f"{no_ts} event(s) without a usable timestamp dropped")
     if n_absurd:
         warnings.append(f"{n_absurd} event(s) with duration > 7 days dropped (CUPTI overflow)")
-    # Flow rows are the same rows, in the same order, that `_chunk_columns` took the ids of.
-    flows = _flows(raw.filter(_IS_FLOW).with_columns(side["flow"].select("id", "ph", "cat")), rank)
-    timed = raw.filter(is_timed & pl.col("ts_ns").is_not_null() & ~absurd)
+    flows = _flows(side["flow"].with_columns(_ns(pl.col("ts"), base_ns).alias("ts_ns")), rank)
+    # The scanner's rows are all timed: usually nothing to drop, and then no copy to make.
+    timed = raw if n_keep == raw.height else raw.filter(keep)
     del raw  # lower peak memory: only the timed rows are needed from here on
     # The GPU args join as columns of their own, aligned through the row numbers alone: the
     # timed columns are shared, not copied by the join (−1 copy of the frame at the peak).
@@ -516,8 +518,10 @@ _SCAN_ARG_FIELDS = ("external_id", "correlation", *GPU_ARG_FIELDS, *_SCAN_META, 
 _SCAN_TOP = {"deviceProperties": list[_Device] | None, "distributedInfo": _Dist | None,
              "baseTimeNanoseconds": Num}
 _SCAN_TABLES = {
-    "main": ("ph_code", "cat_code", "name", "pid", "tid", "ts", "dur", "external_id", "correlation"),
-    "flow": ("row", "id", "ph", "cat"),
+    # timed rows only (ph X/B/E/C/i/I): flow endpoints have their table, metadata rows none
+    "main": ("row", "ph_code", "cat_code", "name", "pid", "tid", "ts", "dur", "external_id",
+             "correlation"),
+    "flow": ("row", "id", "ph", "cat", "ts", "pid", "tid"),
     "gpu": ("row", *GPU_ARG_FIELDS),
     "meta": ("row", *_SCAN_META),
     "mem": ("row", *MEMORY_ARG_FIELDS),
@@ -566,6 +570,7 @@ def _scan_columns(data: bytes | mmap.mmap, threads: int | None = None
          _KIND_INDEX["other"]),
         sum(1 << _KIND_INDEX[k] for k in GPU_CAT_KINDS),
         _KIND_INDEX["kernel"],
+        sum(1 << code for code in set(PH_CODE.values()) if PH_TIMED <= code <= PH_INSTANT),
         PH_FLOW,
         b"record_param_comms",
         MEMORY_EVENT.encode(),
@@ -597,16 +602,16 @@ def _scan(data: bytes | mmap.mmap, threads: int | None = None
         for name, cols in _SCAN_TABLES.items():
             df = pl.DataFrame([pl.Series(_ArrowColumn(pair)).alias(col)
                                for col, pair in zip(cols, part[name], strict=True)])
-            if base and name != "main":
+            if base:
                 df = df.with_columns(pl.col("row") + pl.lit(base, dtype=pl.UInt32))
             tables[name].append(df)
-        base += tables["main"][-1].height
+        base += part["events"]
     frames = {name: pl.concat(dfs) for name, dfs in tables.items()}
     raw = frames.pop("main").with_columns(
         pl.col("cat_code").replace_strict(dict(enumerate(_KIND_INDEX)), return_dtype=KIND)
         .alias("cat_kind")
     ).drop("cat_code")
-    return raw.with_row_index("row"), frames, _Doc(**top)
+    return raw, frames, _Doc(**top)
 
 
 def _columns(
@@ -792,6 +797,9 @@ def _chunk_columns(
             _num_series("id", [evs[i].id for i in flow_idx], pl.Int64),
             _str_series("ph", [evs[i].ph for i in flow_idx]),
             _str_series("cat", [evs[i].cat for i in flow_idx]),
+            _num_series("ts", [evs[i].ts for i in flow_idx], pl.Float64),
+            _id_series("pid", [evs[i].pid for i in flow_idx]),
+            _id_series("tid", [evs[i].tid for i in flow_idx]),
         ]
     )
     # The full args of GPU and collective rows, once; then each side frame's share of them.
@@ -941,8 +949,9 @@ def _memory(mem: pl.DataFrame, rank: int) -> pl.DataFrame:
     )
 
 
-def _flows(raw: pl.DataFrame, rank: int) -> pl.DataFrame:
-    df = raw.filter(pl.col("ts_ns").is_not_null())
+def _flows(flow: pl.DataFrame, rank: int) -> pl.DataFrame:
+    """Flow endpoints (the side frame of `s`/`f`/`t` rows, ts already in ns) per FLOWS_SCHEMA."""
+    df = flow.filter(pl.col("ts_ns").is_not_null())
     df = df.with_columns(
         pl.lit(rank, dtype=pl.Int32).alias("rank"),
         pl.col("id").alias("flow_id"),
