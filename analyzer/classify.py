@@ -195,17 +195,24 @@ def classify(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> p
     require(events, ("kind", "name", "copy_kind", "bytes", "sync_kind"), what="events")
     cl = classes or load_classes()
     key_cols = ["kind", "name", "copy_kind", "sync_kind", "_size_bucket"]
-    # Names as categorical codes: `unique` and the join hash integers, not every row's string
-    # (x16 trace: −38 MB at the peak, −20 % time); the rules still see the strings.
-    ev = events.select("kind", pl.col("name").cast(pl.Categorical), "copy_kind", "sync_kind",
-                       _size_bucket(cl.size_thresholds).alias("_size_bucket"))
-    keys = ev.unique()
-    classified = classify_keys(keys.with_columns(pl.col("name").cast(pl.String)), cl)
+    # Only GPU, runtime and sync rows have classes (cpu ops, annotations … get nulls): the rest,
+    # most rows of a trace, are not hashed. Names as categorical codes: `unique` and the join
+    # hash integers, not strings; the rules still see the strings.
+    ruled = pl.col("kind").cast(pl.String).is_in([*GPU_RULE_KINDS, "runtime", "sync"])
+    at = events.select(ruled.arg_true()).to_series()
+    ev = events.lazy().filter(ruled).select(
+        "kind", pl.col("name").cast(pl.Categorical), "copy_kind", "sync_kind",
+        _size_bucket(cl.size_thresholds).alias("_size_bucket"),
+    ).collect()
+    classified = classify_keys(ev.unique().with_columns(pl.col("name").cast(pl.String)), cl)
     classified = classified.with_columns(pl.col("name").cast(pl.Categorical))
-    # Only the key columns go through the join; the event columns are shared, not copied (a join
-    # of the whole frame doubled the reader's peak memory for a moment).
     new = ev.join(classified, on=key_cols, how="left", nulls_equal=True, maintain_order="left")
-    return events.hstack(new.select("kclass", "wall", "rclass", "blocking"))
+    # Back to full length, the event columns shared, not copied.
+    n = events.height
+    cols = [pl.repeat(None, n, dtype=new.schema[c], eager=True).alias(c).scatter(at, new[c])
+            for c in ("kclass", "wall", "rclass")]
+    blocking = pl.repeat(False, n, dtype=pl.Boolean, eager=True).alias("blocking")
+    return events.hstack([*cols, blocking.scatter(at, new["blocking"])])
 
 
 def class_table(events: pl.DataFrame) -> pl.DataFrame:
