@@ -134,7 +134,7 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
     kineto = [i for i, fmt in enumerate(formats) if fmt == "kineto"]
     read: dict[int, Trace] = {}
     if kineto:
-        from analyzer.readers.kineto import read_kineto
+        from analyzer.readers.kineto import read_kineto, trim_heap
 
         # Ranks' files are read side by side: the compiled scanner and polars release the GIL.
         # Each read gets its share of the cores; results are taken in file order, so of the
@@ -149,6 +149,7 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
             finally:
                 for fut in futures.values():
                     fut.cancel()
+        trim_heap()  # the reads' freed C memory: to the OS, not kept beside polars' own heap
     for i, fmt in enumerate(formats):
         if fmt != "kineto":
             from analyzer.readers.nsys import read_nsys

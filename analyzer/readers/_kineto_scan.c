@@ -23,6 +23,9 @@
 #include <sys/mman.h>
 #include <pthread.h>
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -1316,8 +1319,24 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(trim_doc,
+"trim() -> None\n\n"
+"Give the C heap's free pages back to the OS (glibc malloc_trim; a no-op elsewhere). A read\n"
+"frees tens of MB of scanner buffers and converted strings that glibc would otherwise keep for\n"
+"itself while polars (jemalloc) allocates afresh: 17 MB on a 140 MB trace.");
+
+static PyObject *trim(PyObject *self, PyObject *unused) {
+#if defined(__GLIBC__)
+    Py_BEGIN_ALLOW_THREADS
+    malloc_trim(0);
+    Py_END_ALLOW_THREADS
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, scan_doc},
+    {"trim", trim, METH_NOARGS, trim_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -551,6 +551,12 @@ SCAN_PART_BYTES = 4 << 20
 SCAN_THREADS: int | None = None  # tests: force this many (else `threads`, else every core)
 
 
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the OS after reading (see `_kineto_scan.trim`)."""
+    if _kineto_scan is not None:
+        _kineto_scan.trim()
+
+
 def _scan_columns(data: bytes | mmap.mmap, threads: int | None = None
                   ) -> dict[str, Any] | str | None:
     """The scanner's raw output: capsule columns per table and part, and top-level spans; or the
