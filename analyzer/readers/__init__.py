@@ -141,14 +141,10 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
         # Kineto files the first bad one in that order is the error reported.
         workers = min(len(kineto), cpu_count())
         threads = max(1, cpu_count() // workers)
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = {i: pool.submit(read_kineto, files[i], default_rank=i, threads=threads)
-                       for i in kineto}
-            try:
-                read |= {i: fut.result() for i, fut in futures.items()}
-            finally:
-                for fut in futures.values():
-                    fut.cancel()
+        if workers == 1:  # one file (or one core): no pool
+            read |= {i: read_kineto(files[i], default_rank=i, threads=threads) for i in kineto}
+        else:
+            read |= _read_side_by_side([files[i] for i in kineto], kineto, workers, threads)
         trim_heap()  # the reads' freed C memory: to the OS, not kept beside polars' own heap
     for i, fmt in enumerate(formats):
         if fmt != "kineto":
@@ -161,6 +157,21 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
         notes = tuple(f"{f}: skipped, a .json with no traceEvents (not a trace)" for f in skipped)
         trace = replace(trace, warnings=notes + trace.warnings)
     return trace
+
+
+def _read_side_by_side(files: list[Path], ranks: list[int], workers: int, threads: int
+                       ) -> dict[int, Trace]:
+    """Kineto files read by a thread pool, keyed by their default rank, in the given order."""
+    from analyzer.readers.kineto import read_kineto
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {r: pool.submit(read_kineto, f, default_rank=r, threads=threads)
+                   for f, r in zip(files, ranks, strict=True)}
+        try:
+            return {r: fut.result() for r, fut in futures.items()}
+        finally:
+            for fut in futures.values():
+                fut.cancel()
 
 
 def _check_ranks(trace: Trace, files: list[Path]) -> None:
