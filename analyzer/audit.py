@@ -457,10 +457,7 @@ class AuditRun:
 
     def section(self, _trace: Trace, steps: Any, ctx: Any) -> dict[str, Any]:
         """diagnose_trace section hook: measure the probes; adds nothing to the diagnosis."""
-        from analyzer.observed import in_windows
-
-        events, trace = ctx.events, self.trace
-        gpu = in_windows(events, steps.table)
+        events, trace, gpu = ctx.events, self.trace, ctx.gpu
         host = _host_in_steps(events, steps.table)
         modes = set()
         if trace.ranks.height:

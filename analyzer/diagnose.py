@@ -48,6 +48,7 @@ class Context:
     """What a section function may read (never mutate)."""
 
     events: pl.DataFrame  # classified: + kclass, wall, rclass, blocking
+    gpu: pl.DataFrame  # observed.in_windows: the GPU rows inside the analysed steps, with step
     per_step: pl.DataFrame  # walls.attribute_walls output
     median: pl.DataFrame  # walls.median_step output (one row per rank)
     doc: dict[str, Any]  # the document built so far
@@ -114,9 +115,10 @@ def diagnose_trace(
     per_step = attribute_walls(events, steps.table, recompute=rc)
     med = median_step(per_step)
     dispatcher_hint = ((con or {}).get("megatron_args") or {}).get("moe_token_dispatcher_type")
+    gpu = in_windows(events, steps.table)  # located once, read by observe, evidence, sections
     observed, obs_ev = observe(
         events, steps.table, per_step, comms=trace.comms, dispatcher_hint=dispatcher_hint,
-        classes=cl,
+        classes=cl, gpu=gpu,
     )
     doc: dict[str, Any] = {
         "schema": SCHEMA_ID,
@@ -133,10 +135,10 @@ def diagnose_trace(
         **_summary(med),
         "per_step": _per_step_rows(per_step),
         "observed": observed,
-        "evidence": _evidence(events, steps, obs_ev),
+        "evidence": _evidence(gpu, obs_ev),
         "warnings": _warnings(trace, steps, events, observed),
     }
-    ctx = Context(events=events, per_step=per_step, median=med, doc=doc, contract=con)
+    ctx = Context(events=events, gpu=gpu, per_step=per_step, median=med, doc=doc, contract=con)
     for name, fn in list(sections if sections is not None else SECTIONS):
         extra = fn(trace, steps, ctx) or {}
         clash = sorted(set(extra) & CORE_KEYS)
@@ -214,8 +216,7 @@ def _per_step_rows(per_step: pl.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def _evidence(events: pl.DataFrame, steps: Steps, obs_ev: dict[str, Any]) -> dict[str, Any]:
-    gpu = in_windows(events, steps.table)
+def _evidence(gpu: pl.DataFrame, obs_ev: dict[str, Any]) -> dict[str, Any]:
     classes = {
         row["kclass"]: {"count": int(row["count"]), "time_s": row["time_ns"] * NS, "wall": row["wall"]}
         for row in class_table(gpu).to_dicts()

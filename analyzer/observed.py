@@ -132,12 +132,14 @@ def observe(
     comms: pl.DataFrame | None = None,
     dispatcher_hint: str | None = None,
     classes: KernelClasses | None = None,
+    gpu: pl.DataFrame | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(observed, evidence) for the analyzed steps. `events` must be classified; `per_step` is
-    walls.attribute_walls output (for recompute time)."""
+    walls.attribute_walls output (for recompute time); `gpu`, when the caller has it already, is
+    `in_windows(events, steps)`."""
     require(events, ("kclass", "wall", "rclass"), what="classified events")
     comms = comms if comms is not None else pl.DataFrame()
-    gpu = in_windows(events, steps)
+    gpu = gpu if gpu is not None else in_windows(events, steps)
     comm = with_pg_role(gpu.filter(pl.col("wall") == "communication"), comms, classes)
     main_stream = _main_streams(gpu)
     graphs, g_ev = cuda_graph_replay(events, gpu)
