@@ -304,7 +304,7 @@ def test_invalid_utf8_and_escapes(tmp_path: Path) -> None:
 
 @needs_scanner
 def test_large_file_pages_released_file_untouched(tmp_path: Path) -> None:
-    """Past 32 MB the scanner drops the pages it has read from its private map; the file is never
+    """Every 8 MB the scanner drops the pages it has read from its private map; the file is never
     written, and a decline at the very end (a mistyped last event) reads those pages back."""
     ev = {"ph": "X", "cat": "kernel", "name": "void gemm_kernel<float>(float*)", "pid": 0,
           "tid": 7, "ts": 0.0, "dur": 5.5, "args": {"correlation": 0, "stream": 7, "device": 0,

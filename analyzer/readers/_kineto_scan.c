@@ -920,6 +920,9 @@ static int parse_event(Scan *S) {
     return 0;
 }
 
+/* Drop this part's pages of the file map behind the cursor, every 8 MB: the bytes are in columns
+ * now, and the map is private and file-backed, so a page touched again (the Python reader after
+ * a decline) is read back from the file as it was. Keeps the whole file out of the peak. */
 static void release_pages(Scan *S, int final) {
     if (!S->release) return;
     long page = sysconf(_SC_PAGESIZE);
