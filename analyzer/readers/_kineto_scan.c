@@ -779,8 +779,25 @@ static int read_key(Scan *S, const char **k, size_t *len) {
     return 0;
 }
 
-static int parse_args(Scan *S) {
-    if (*S->p != '{') DECLINE(S, "args is not an object");
+/* Back to "absent" for the slots in `mask` that the last event set (a few of 34). */
+static inline void reset_fields(Scan *S, uint64_t mask) {
+    uint64_t m = S->touched & mask;
+    S->touched &= ~mask;
+    while (m) {
+        int i = __builtin_ctzll(m);
+        m &= m - 1;
+        if (i < N_EV) S->ev[i].state = S_NULL;
+        else S->arg[i - N_EV].state = S_NULL;
+    }
+}
+
+/* The members of the object at S->p: `member` is called on each with the key's raw slice and S->p
+ * on its value, and must consume the value. `what` names the object in a decline. Keys are read by
+ * read_key (escaped keys decline). Static inline with constant callbacks: compiled per caller. */
+typedef int (*MemberFn)(Scan *S, const char *key, size_t len, void *ctx);
+
+static inline int each_member(Scan *S, const char *what, MemberFn member, void *ctx) {
+    if (S->p >= S->end || *S->p != '{') DECLINE(S, what);
     S->p++;
     skip_ws(S);
     if (S->p < S->end && *S->p == '}') { S->p++; return 0; }
@@ -788,21 +805,38 @@ static int parse_args(Scan *S) {
         const char *k;
         size_t len;
         if (S->p >= S->end || *S->p != '"') DECLINE(S, "expected a key");
-        if (read_key(S, &k, &len)) return -1;
-        int slot = find_key(&S->arg_index, S->arg_keys, k, len);
-        if (slot >= 0) {
-            if (read_field(S, &S->arg[slot], ARG_KIND[slot])) return -1;
-            S->touched |= 1ULL << (N_EV + slot);
-            if (S->arg[slot].state == S_DIRTY) S->dirty |= 2;
-        } else if (skip_value(S, 1)) {
-            return -1;
-        }
+        if (read_key(S, &k, &len) || member(S, k, len, ctx)) return -1;
         skip_ws(S);
         if (S->p >= S->end) DECLINE(S, "truncated");
         if (*S->p == ',') { S->p++; skip_ws(S); continue; }
         if (*S->p == '}') { S->p++; return 0; }
         DECLINE(S, "expected ',' or '}'");
     }
+}
+
+static int arg_member(Scan *S, const char *k, size_t len, void *unused) {
+    (void)unused;
+    int slot = find_key(&S->arg_index, S->arg_keys, k, len);
+    if (slot < 0) return skip_value(S, 1);
+    if (read_field(S, &S->arg[slot], ARG_KIND[slot])) return -1;
+    S->touched |= 1ULL << (N_EV + slot);
+    if (S->arg[slot].state == S_DIRTY) S->dirty |= 2;
+    return 0;
+}
+
+static int event_member(Scan *S, const char *k, size_t len, void *unused) {
+    (void)unused;
+    int slot = find_key(&S->ev_index, S->ev_keys, k, len);
+    if (slot == E_ARGS) {
+        /* a repeated args object replaces the first, as in msgspec */
+        reset_fields(S, ~0ULL << N_EV);
+        return each_member(S, "args is not an object", arg_member, NULL);
+    }
+    if (slot < 0) return skip_value(S, 1);
+    if (read_field(S, &S->ev[slot], EV_KIND[slot])) return -1;
+    S->touched |= 1ULL << slot;
+    if (S->ev[slot].state == S_DIRTY) S->dirty |= 1;
+    return 0;
 }
 
 static int code_of(const CodeTable *t, const Field *f) {
@@ -819,52 +853,11 @@ static int str_is(const Key *k, const Field *f) {
 #define OK(x) \
     if (x) DECLINE(S, "out of memory")
 
-/* Back to "absent" for the slots in `mask` that the last event set (a few of 34). */
-static inline void reset_fields(Scan *S, uint64_t mask) {
-    uint64_t m = S->touched & mask;
-    S->touched &= ~mask;
-    while (m) {
-        int i = __builtin_ctzll(m);
-        m &= m - 1;
-        if (i < N_EV) S->ev[i].state = S_NULL;
-        else S->arg[i - N_EV].state = S_NULL;
-    }
-}
-
 /* One event object: its fields into the row's slots, then the row into the tables. */
 static int parse_event(Scan *S) {
     reset_fields(S, ~0ULL);
     S->dirty = 0;
-    if (*S->p != '{') DECLINE(S, "an event is not an object");
-    S->p++;
-    skip_ws(S);
-    if (S->p < S->end && *S->p == '}') {
-        S->p++;
-    } else {
-        for (;;) {
-            const char *k;
-            size_t len;
-            if (S->p >= S->end || *S->p != '"') DECLINE(S, "expected a key");
-            if (read_key(S, &k, &len)) return -1;
-            int slot = find_key(&S->ev_index, S->ev_keys, k, len);
-            if (slot == E_ARGS) {
-                /* a repeated args object replaces the first, as in msgspec */
-                reset_fields(S, ~0ULL << N_EV);
-                if (parse_args(S)) return -1;
-            } else if (slot >= 0) {
-                if (read_field(S, &S->ev[slot], EV_KIND[slot])) return -1;
-                S->touched |= 1ULL << slot;
-                if (S->ev[slot].state == S_DIRTY) S->dirty |= 1;
-            } else if (skip_value(S, 1)) {
-                return -1;
-            }
-            skip_ws(S);
-            if (S->p >= S->end) DECLINE(S, "truncated");
-            if (*S->p == ',') { S->p++; skip_ws(S); continue; }
-            if (*S->p == '}') { S->p++; break; }
-            DECLINE(S, "expected ',' or '}'");
-        }
-    }
+    if (each_member(S, "an event is not an object", event_member, NULL)) return -1;
     /* A field of an unexpected type anywhere: the Python reader decides (lenient decode). */
     if (S->dirty & 1) DECLINE(S, "an event field of unexpected type");
     if (S->dirty) DECLINE(S, "an args field of unexpected type");
@@ -1147,47 +1140,40 @@ static void free_scan(Scan *S) {
     for (int i = 0; i < N_ARG; i++) free(S->arg[i].scratch.p);
 }
 
-/* The top-level object: traceEvents parsed into the tables, the `capture` keys' values returned
- * as (start, end) byte spans for the caller to decode, every other value skipped. */
-static int parse_top(Scan *S, Key *capture, Py_ssize_t n_capture, Py_ssize_t *spans,
-                     const Key *events_key, Scan **parts, int *used, int want, size_t min_part) {
-    int seen_events = 0;
-    skip_ws(S);
-    if (S->p >= S->end || *S->p != '{') DECLINE(S, "not a JSON object");
-    S->p++;
-    skip_ws(S);
-    if (S->p < S->end && *S->p == '}') {
-        S->p++;
-    } else {
-        for (;;) {
-            const char *k;
-            size_t len;
-            if (S->p >= S->end || *S->p != '"') DECLINE(S, "expected a key");
-            if (read_key(S, &k, &len)) return -1;
-            int cap = -1;
-            for (Py_ssize_t i = 0; i < n_capture && cap < 0; i++)
-                if (capture[i].len == len && memcmp(capture[i].key, k, len) == 0) cap = (int)i;
-            if (len == events_key->len && memcmp(k, events_key->key, len) == 0) {
-                if (seen_events++) DECLINE(S, "traceEvents given twice");
-                if (parse_events(S, parts, used, want, min_part)) return -1;
-            } else {
-                const char *start = S->p;
-                if (skip_value(S, 1)) return -1;
-                if (cap >= 0) {
-                    spans[2 * cap] = start - S->start;
-                    spans[2 * cap + 1] = S->p - S->start;
-                }
-            }
-            skip_ws(S);
-            if (S->p >= S->end) DECLINE(S, "truncated");
-            if (*S->p == ',') { S->p++; skip_ws(S); continue; }
-            if (*S->p == '}') { S->p++; break; }
-            DECLINE(S, "expected ',' or '}'");
+typedef struct { /* what parse_top's members need */
+    const Key *capture, *events_key;
+    Py_ssize_t n_capture, *spans;
+    Scan **parts;
+    int *used, want, seen_events;
+    size_t min_part;
+} Top;
+
+static int top_member(Scan *S, const char *k, size_t len, void *ctx) {
+    Top *t = ctx;
+    if (len == t->events_key->len && memcmp(k, t->events_key->key, len) == 0) {
+        if (t->seen_events++) DECLINE(S, "traceEvents given twice");
+        return parse_events(S, t->parts, t->used, t->want, t->min_part);
+    }
+    const char *start = S->p;
+    if (skip_value(S, 1)) return -1;
+    for (Py_ssize_t i = 0; i < t->n_capture; i++) {
+        if (t->capture[i].len == len && memcmp(t->capture[i].key, k, len) == 0) {
+            t->spans[2 * i] = start - S->start;
+            t->spans[2 * i + 1] = S->p - S->start;
+            break;
         }
     }
+    return 0;
+}
+
+/* The top-level object: traceEvents parsed into the tables, the `capture` keys' values returned
+ * as (start, end) byte spans for the caller to decode, every other value skipped. */
+static int parse_top(Scan *S, Top *t) {
+    skip_ws(S);
+    if (each_member(S, "not a JSON object", top_member, t)) return -1;
     skip_ws(S);
     if (S->p != S->end) DECLINE(S, "content after the top-level object");
-    if (!seen_events) DECLINE(S, "no traceEvents");
+    if (!t->seen_events) DECLINE(S, "no traceEvents");
     return 0;
 }
 
@@ -1277,8 +1263,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
 
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = parse_top(S, capture, n_top, spans, &events_key, parts, &used, threads,
-                   (size_t)(min_part > 0 ? min_part : 0));
+    Top top = {capture, &events_key, n_top, spans, parts, &used, threads, 0,
+               (size_t)(min_part > 0 ? min_part : 0)};
+    rc = parse_top(S, &top);
     for (int i = 0; rc == 0 && i < used; i++) release_pages(parts[i], 1);
     Py_END_ALLOW_THREADS
     if (rc) {
