@@ -37,6 +37,7 @@ RCLASSES: tuple[str, ...] = (
 )
 RCLASS = pl.Enum(list(RCLASSES))
 GPU_RULE_KINDS = ("kernel", "memcpy", "memset", "graph")
+RULED_KINDS = (*GPU_RULE_KINDS, "runtime", "sync")  # the kinds any rule classifies
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +199,7 @@ def classify(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> p
     # Only GPU, runtime and sync rows have classes (cpu ops, annotations … get nulls): the rest,
     # most rows of a trace, are not hashed. Names as categorical codes: `unique` and the join
     # hash integers, not strings; the rules still see the strings.
-    ruled = pl.col("kind").cast(pl.String).is_in([*GPU_RULE_KINDS, "runtime", "sync"])
+    ruled = pl.col("kind").cast(pl.String).is_in(RULED_KINDS)
     at = events.select(ruled.arg_true()).to_series()
     ev = events.lazy().filter(ruled).select(
         "kind", pl.col("name").cast(pl.Categorical), "copy_kind", "sync_kind",

@@ -139,8 +139,9 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
         # Ranks' files are read side by side: the compiled scanner and polars release the GIL.
         # Each read gets its share of the cores; results are taken in file order, so of the
         # Kineto files the first bad one in that order is the error reported.
-        workers = min(len(kineto), cpu_count())
-        threads = max(1, cpu_count() // workers)
+        cores = cpu_count()
+        workers = min(len(kineto), cores)
+        threads = max(1, cores // workers)
         if workers == 1:  # one file (or one core): no pool
             read |= {i: read_kineto(files[i], default_rank=i, threads=threads) for i in kineto}
         else:

@@ -499,6 +499,7 @@ GPU_ARG_FIELDS = (
 META_INT_FIELDS = ("in_nelems", "out_nelems", "group_size", "seq")
 META_STR_FIELDS = ("dtype", "pg_name", "pg_desc")
 META_SPLIT_FIELDS = ("in_split", "out_split", "pg_ranks")  # Kineto strings; lists in some writers
+COMM_EVENT = "record_param_comms"  # the host op PyTorch puts collective metadata on
 MEMORY_EVENT = "[memory]"
 MEMORY_ARG_FIELDS = ("mem_device_type", "mem_device", "mem_bytes", "total_allocated",
                      "total_reserved")
@@ -529,6 +530,23 @@ _SCAN_TABLES = {
 }
 USE_COMPILED = True  # False: always the Python reader (the equality tests compare both)
 _KIND_INDEX = {k: i for i, k in enumerate(KIND.categories)}  # the Enum's physical codes
+
+
+# What the scanner reads and how it sorts rows, in its argument order (`scan.__doc__`): built once.
+_SCAN_SPEC = (
+    tuple(k.encode() for k in _SCAN_EVENT_KEYS),
+    tuple(_ARG_KEY_OF[f].encode() for f in _SCAN_ARG_FIELDS),
+    tuple(k.encode() for k in _SCAN_TOP),
+    (tuple(p.encode() for p in PH_CODE), bytes(PH_CODE.values()), 0),
+    (tuple(c.encode() for c in KIND_OF_CAT), bytes(_KIND_INDEX[k] for k in KIND_OF_CAT.values()),
+     _KIND_INDEX["other"]),
+    sum(1 << _KIND_INDEX[k] for k in GPU_CAT_KINDS),
+    _KIND_INDEX["kernel"],
+    sum(1 << code for code in set(PH_CODE.values()) if PH_TIMED <= code <= PH_INSTANT),
+    PH_FLOW,
+    COMM_EVENT.encode(),
+    MEMORY_EVENT.encode(),
+)
 
 
 class _ArrowColumn:
@@ -567,24 +585,8 @@ def _scan_columns(data: bytes | mmap.mmap, threads: int | None = None
 
     cores = SCAN_THREADS or threads or cpu_count()
     threads = max(1, min(cores, len(data) // SCAN_PART_BYTES))
-    return _kineto_scan.scan(
-        data,
-        tuple(k.encode() for k in _SCAN_EVENT_KEYS),
-        tuple(_ARG_KEY_OF[f].encode() for f in _SCAN_ARG_FIELDS),
-        tuple(k.encode() for k in _SCAN_TOP),
-        (tuple(p.encode() for p in PH_CODE), bytes(PH_CODE.values()), 0),
-        (tuple(c.encode() for c in KIND_OF_CAT), bytes(_KIND_INDEX[k] for k in KIND_OF_CAT.values()),
-         _KIND_INDEX["other"]),
-        sum(1 << _KIND_INDEX[k] for k in GPU_CAT_KINDS),
-        _KIND_INDEX["kernel"],
-        sum(1 << code for code in set(PH_CODE.values()) if PH_TIMED <= code <= PH_INSTANT),
-        PH_FLOW,
-        b"record_param_comms",
-        MEMORY_EVENT.encode(),
-        isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"),
-        threads,
-        SCAN_PART_BYTES,
-    )
+    release = isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")
+    return _kineto_scan.scan(data, *_SCAN_SPEC, release, threads, SCAN_PART_BYTES)
 
 
 def _scan(data: bytes | mmap.mmap, threads: int | None = None
@@ -780,7 +782,7 @@ def _chunk_columns(
     masks = df.select(
         flow=_IS_FLOW,
         gpu=pl.col("cat_kind").is_in(GPU_CAT_KINDS),
-        comm=(pl.col("cat_kind") == "kernel") | (pl.col("name") == "record_param_comms"),
+        comm=(pl.col("cat_kind") == "kernel") | (pl.col("name") == COMM_EVENT),
         mem=pl.col("name") == MEMORY_EVENT,
     )
     # Fields of a few categories go to small side frames keyed by row, joined where needed
