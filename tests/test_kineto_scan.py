@@ -12,6 +12,8 @@ import hashlib
 import json
 import shutil
 import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import polars as pl
@@ -28,18 +30,26 @@ ROOT = Path(__file__).resolve().parents[1]
 needs_scanner = pytest.mark.skipif(k._kineto_scan is None, reason="compiled scanner not built")
 
 
-def _read(path: Path, compiled: bool, parts: int | None = None) -> Trace | str:
-    """`parts`: cut the event array into that many parts of >= 1 KiB, one thread each."""
+@contextmanager
+def _reader(compiled: bool = True, parts: int | None = None) -> Iterator[None]:
+    """The reader switched to the scanner or not; `parts`: the event array cut into that many
+    parts of >= 1 KiB, one thread each. Settings restored after."""
     old = k.USE_COMPILED, k.SCAN_THREADS, k.SCAN_PART_BYTES
     k.USE_COMPILED = compiled
     if parts:
         k.SCAN_THREADS, k.SCAN_PART_BYTES = parts, 1024
     try:
-        return k.read_kineto(path, default_rank=0)
-    except UserError as exc:
-        return f"UserError: {exc}"
+        yield
     finally:
         k.USE_COMPILED, k.SCAN_THREADS, k.SCAN_PART_BYTES = old
+
+
+def _read(path: Path, compiled: bool, parts: int | None = None) -> Trace | str:
+    with _reader(compiled, parts):
+        try:
+            return k.read_kineto(path, default_rank=0)
+        except UserError as exc:
+            return f"UserError: {exc}"
 
 
 def _frames(t: Trace) -> list[pl.DataFrame]:
@@ -67,12 +77,8 @@ def verdict(path: Path) -> str:
 
 def used_parts(path: Path, parts: int) -> int:
     """How many parts the scanner kept when asked for `parts` (fewer: unproven starts)."""
-    old = k.SCAN_THREADS, k.SCAN_PART_BYTES
-    k.SCAN_THREADS, k.SCAN_PART_BYTES = parts, 1024
-    try:
+    with _reader(parts=parts):
         out = k._scan_columns(k._open(path))
-    finally:
-        k.SCAN_THREADS, k.SCAN_PART_BYTES = old
     return len(out["parts"]) if isinstance(out, dict) else 0
 
 
@@ -156,12 +162,8 @@ def test_decline_in_a_later_part_declines_the_file(tmp_path: Path) -> None:
     evs[-1] = {**evs[-1], "dur": {"oops": 1}}
     path = tmp_path / "late.json"
     path.write_text(json.dumps({"traceEvents": evs}, indent=1))
-    old = k.SCAN_THREADS, k.SCAN_PART_BYTES
-    k.SCAN_THREADS, k.SCAN_PART_BYTES = 8, 1024
-    try:
+    with _reader(parts=8):
         assert str(k._scan_columns(k._open(path))).startswith("an event field of unexpected type")
-    finally:
-        k.SCAN_THREADS, k.SCAN_PART_BYTES = old
     t = assert_same(path, parts=8)
     assert isinstance(t, Trace) and any("lenient" in w for w in t.warnings)
 
