@@ -344,7 +344,7 @@ def _graph_scope_probe(
             continue
         named = events.filter(match_expr({"regex": list(patterns)}))
         # host ranges: annotations / NVTX, and Kineto with_stack `nn.Module: <Class>_N` frames
-        host = named.filter(pl.col("kind").cast(pl.String).is_in(["annotation", "python"]))
+        host = named.filter(pl.col("kind").is_in(["annotation", "python"]))
         dev = named.filter(pl.col("kind") == "gpu_annotation")
         ranges_seen += host.height + dev.height
         hits: list[pl.DataFrame] = []
@@ -380,7 +380,7 @@ def _inside(points: pl.DataFrame, ranges: pl.DataFrame, by: list[str]) -> pl.Dat
 def _host_in_steps(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Host annotations and CPU ops starting inside an analyzed step's host range, with its
     `step`."""
-    host = events.filter(pl.col("kind").cast(pl.String).is_in(["annotation", "cpu_op"]))
+    host = events.filter(pl.col("kind").is_in(["annotation", "cpu_op"]))
     win = steps.select("rank", "step", "start_ns", "end_ns").unique()
     return (
         host.with_row_index("_i")
@@ -453,7 +453,7 @@ class AuditRun:
 
     @property
     def gpu_rows(self) -> int:
-        return self.trace.events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS)).height
+        return int(self.trace.events.select(pl.col("kind").is_in(GPU_KINDS).sum()).item())
 
     def section(self, _trace: Trace, steps: Any, ctx: Any) -> dict[str, Any]:
         """diagnose_trace section hook: measure the probes; adds nothing to the diagnosis."""

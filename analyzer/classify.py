@@ -134,7 +134,7 @@ def with_pg_role(gpu: pl.DataFrame, comms: pl.DataFrame, classes: KernelClasses 
 
 
 def _gpu_rule_expr(rule: dict[str, Any]) -> pl.Expr:
-    cond = pl.col("kind").cast(pl.String).is_in(rule.get("kinds", ["kernel"]))
+    cond = pl.col("kind").is_in(rule.get("kinds", ["kernel"]))
     if "copy_kinds" in rule:
         cond = cond & pl.col("copy_kind").cast(pl.String).is_in(rule["copy_kinds"])
     if "min_bytes" in rule:
@@ -158,7 +158,7 @@ def classify_keys(keys: pl.DataFrame, classes: KernelClasses) -> pl.DataFrame:
     rule's outputs are gathered by that index: nested when/then chains (one per output column) cost
     polars ~25 ms to plan on any input, a fixed cost that was a sixth of a small trace's diagnosis.
     """
-    kind = pl.col("kind").cast(pl.String)
+    kind = pl.col("kind")
     is_gpu, is_rt, is_sync = kind.is_in(GPU_RULE_KINDS), kind == "runtime", kind == "sync"
 
     def first(conds: list[pl.Expr]) -> pl.Expr:
@@ -199,7 +199,7 @@ def classify(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> p
     # Only GPU, runtime and sync rows have classes (cpu ops, annotations … get nulls): the rest,
     # most rows of a trace, are not hashed. Names as categorical codes: `unique` and the join
     # hash integers, not strings; the rules still see the strings.
-    ruled = pl.col("kind").cast(pl.String).is_in(RULED_KINDS)
+    ruled = pl.col("kind").is_in(RULED_KINDS)
     at = events.select(ruled.arg_true()).to_series()
     ev = events.lazy().filter(ruled).select(
         "kind", pl.col("name").cast(pl.Categorical), "copy_kind", "sync_kind",

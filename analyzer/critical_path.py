@@ -446,7 +446,7 @@ def graph_scope(events: pl.DataFrame, steps: pl.DataFrame, *, limit: int | None 
     lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
     if lo is None:
         return steps, None
-    kind = pl.col("kind").cast(pl.String)
+    kind = pl.col("kind")
     n = events.select(((kind.is_in([*GPU_KINDS, "runtime"])) & (pl.col("ts_ns") < hi)
                        & ((pl.col("ts_ns") + pl.col("dur_ns")) > lo)).sum()).item()
     if n <= limit:

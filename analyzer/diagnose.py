@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,9 @@ from analyzer import device_memory
 from analyzer.classify import KernelClasses, class_table, classify, load_classes
 from analyzer.critical_path import diagnosis_section
 from analyzer.frames import GPU_KINDS, Trace
-from analyzer.observed import in_windows, observe
+from analyzer.observed import gpu_facts, in_windows, observe
 from analyzer.steps import Steps, find_steps
-from analyzer.walls import WALL_KEYS, attribute_walls, fractions, median_step, recompute_launches
+from analyzer.walls import WALL_KEYS, attribute_walls, fractions, median_step, wall_layers
 from moetune import __version__
 from moetune.errors import UserError
 
@@ -107,19 +108,24 @@ def diagnose_trace(
     cwin = ((con or {}).get("window") or {}) if con else {}
     win = window if window is not None else cwin.get("steady")
     step_range = step_range or cwin.get("step_range")
-    if trace.events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS)).height == 0:
+    if not trace.events.select(pl.col("kind").is_in(GPU_KINDS).any()).item():
         raise UserError("has no GPU events (CPU-only profile?)", path=first)
     events = classify(trace.events, classes=cl)
-    steps = find_steps(events, window=win, step_range=step_range, classes=cl, source_file=first)
-    rc = recompute_launches(events, classes=cl)
-    per_step = attribute_walls(events, steps.table, recompute=rc)
-    med = median_step(per_step)
     dispatcher_hint = ((con or {}).get("megatron_args") or {}).get("moe_token_dispatcher_type")
-    gpu = in_windows(events, steps.table)  # located once, read by observe, evidence, sections
-    observed, obs_ev = observe(
-        events, steps.table, per_step, comms=trace.comms, dispatcher_hint=dispatcher_hint,
-        classes=cl, gpu=gpu,
-    )
+    # Two lines of work side by side: polars releases the GIL inside each query, and most of
+    # them are small (a fixed cost each), so a second thread fills the gaps. The helper builds
+    # the wall layers while this thread finds the steps, then attributes the walls while this
+    # thread reads the backend facts. Its one worker runs the two tasks in order.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="moetune-walls") as helper:
+        layers = helper.submit(wall_layers, events, classes=cl)
+        steps = find_steps(events, window=win, step_range=step_range, classes=cl, source_file=first)
+        walls = helper.submit(lambda: attribute_walls(events, steps.table, layers=layers.result()))
+        gpu = in_windows(events, steps.table)  # located once, read by observe, evidence, sections
+        facts = gpu_facts(events, steps.table, comms=trace.comms, dispatcher_hint=dispatcher_hint,
+                          classes=cl, gpu=gpu)
+        per_step = walls.result()
+    med = median_step(per_step)
+    observed, obs_ev = observe(events, steps.table, per_step, facts=facts)
     doc: dict[str, Any] = {
         "schema": SCHEMA_ID,
         "tool": {"name": "moetune", "version": __version__},

@@ -144,9 +144,9 @@ def wall_of(events: pl.DataFrame) -> pl.Series:
     else:
         wall = None
     if wall is not None:
-        gpu = events.get_column("kind").cast(pl.String).is_in(list(GPU_KINDS))
+        gpu = events.get_column("kind").is_in(list(GPU_KINDS))
         return wall.zip_with(gpu, pl.Series(["host"] * events.height)).rename("wall")
-    kind = pl.col("kind").cast(pl.String)
+    kind = pl.col("kind")
     return events.select(
         pl.when(kind.is_in(["memcpy", "memset"]))
         .then(pl.lit("memory"))
@@ -186,7 +186,7 @@ def build_graph(
     if rank is not None:
         wanted = [rank] if isinstance(rank, int) else list(rank)
         lf = lf.filter(pl.col("rank").is_in(wanted))
-    kind = pl.col("kind").cast(pl.String)
+    kind = pl.col("kind")
     lf = lf.filter(pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null()).with_columns(
         end_ns=pl.col("ts_ns") + pl.col("dur_ns").clip(lower_bound=0),
         is_gpu=kind.is_in(list(GPU_KINDS)),
@@ -261,7 +261,7 @@ def build_graph(
         nodes = nodes.join(run_end, on="node", how="left").with_columns(
             end_ns=pl.max_horizontal("end_ns", "run_end_ns")
         ).drop("run_end_ns")
-    nodes = nodes.with_columns(pl.col("kind").cast(pl.String)).select(NODE_COLUMNS).sort("node")
+    nodes = nodes.with_columns(pl.col("kind")).select(NODE_COLUMNS).sort("node")
     edges = _drop_time_inconsistent(edges, nodes, unlinked)
     loops = edges.filter(pl.col("src") == pl.col("dst")).height
     if loops:
@@ -409,7 +409,7 @@ def _sync_edges(
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     if syncs.height == 0:
         return _empty_edges(), _empty_edges()
-    sk = pl.col("sync_kind").cast(pl.String)
+    sk = pl.col("sync_kind")
     # The host call that blocked: the runtime row sharing the sync row's correlation.
     call = runtime.filter(pl.col("correlation").is_not_null()).sort("node").group_by(
         "rank", "correlation").agg(call=pl.col("node").first(), call_end=pl.col("end_ns").first(),
@@ -471,7 +471,7 @@ def _with_sync_calls(syncs: pl.DataFrame, runtime: pl.DataFrame) -> pl.DataFrame
     """Sync calls with no sync row (old Kineto, CUPTI sync records off): the call itself, with
     device-sync semantics (it waited on whichever op it waited on, i.e. the latest launched
     before it on some stream; the critical-path walk picks the one that ended last)."""
-    calls = runtime.filter(pl.col("rclass").cast(pl.String) == "sync")
+    calls = runtime.filter(pl.col("rclass") == "sync")
     if calls.height == 0:
         return syncs
     covered = syncs.select("rank", "correlation").drop_nulls()
@@ -518,9 +518,9 @@ def _inferred_waits(
     op that started > INFER_GAP_NS after both its launch returned and its stream predecessor
     ended waited on something; when the op launched last before it on another stream of the same
     device ended within INFER_GAP_NS before it started, that is the event wait (`via` = null)."""
-    has_calls = runtime.filter(pl.col("rclass").cast(pl.String) == "stream_wait_event").height
+    has_calls = runtime.filter(pl.col("rclass") == "stream_wait_event").height
     has_rows = syncs.filter(  # rows that say which stream they waited on
-        (pl.col("sync_kind").cast(pl.String) == "stream_wait_event")
+        (pl.col("sync_kind") == "stream_wait_event")
         & pl.col("wait_stream").is_not_null()).height
     if not has_calls or has_rows or gpu.height == 0:
         return _empty_edges()
@@ -596,7 +596,7 @@ def _blocking_copy_edges(
     src = awaited op, dst = the call, via = the call."""
     pred = stream.select(pl.col("dst").alias("copy"), pl.col("src").alias("pred")).join(
         gpu.select(pl.col("node").alias("pred"), pl.col("end_ns").alias("pred_end")), on="pred")
-    cp = gpu.filter(pl.col("kind").cast(pl.String) == "memcpy").select(
+    cp = gpu.filter(pl.col("kind") == "memcpy").select(
         "rank", "correlation", copy="node", copy_ts="ts_ns", copy_end="end_ns",
         pageable=pl.col("name").str.contains(r"^Memcpy (DtoH|HtoD).*Pageable"))
     r = runtime.select("rank", "correlation", call="node", call_ts="ts_ns", call_end="end_ns")
@@ -646,7 +646,7 @@ def collective_instances(gpu: pl.DataFrame, comms: pl.DataFrame) -> pl.DataFrame
     correlation, else external id), else the kernel name. Columns: node, rank, group, k, ts_ns,
     end_ns.
     """
-    ck = gpu.filter((pl.col("wall") == "communication") & (pl.col("kind").cast(pl.String) == "kernel"))
+    ck = gpu.filter((pl.col("wall") == "communication") & (pl.col("kind") == "kernel"))
     if ck.height == 0:
         return pl.DataFrame(schema={"node": pl.Int64, "rank": pl.Int32, "group": pl.String,
                                     "k": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64})
@@ -725,7 +725,7 @@ def _aggregate(
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.Series]:
     by = ["rank", "device", "stream"]
     s = gpu.sort([*by, "ts_ns", "node"]).with_columns(
-        small=(pl.col("kind").cast(pl.String) == "kernel")
+        small=(pl.col("kind") == "kernel")
         & (pl.col("dur_ns") < SMALL_KERNEL_NS)
         & (pl.col("wall") != "communication")  # collectives stay matchable one by one
         & ~pl.col("node").is_in(touched.implode()),

@@ -7,6 +7,7 @@ a `moe_token_dispatcher_type=flex` dump proves nothing if DeepEP kernels never r
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -21,7 +22,7 @@ NS = 1e-9
 def in_windows(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """GPU rows starting inside an analyzed step window (with their step)."""
     win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
-    gpu = events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS))
+    gpu = events.filter(pl.col("kind").is_in(GPU_KINDS))
     return locate(gpu, win, on=["rank"], at="ts_ns", keep=["step"])
 
 
@@ -95,7 +96,7 @@ def dispatcher_backend(
     ep_sendrecv = int(ep.str.starts_with("comm.nccl.sendrecv").sum())
     ep_allgather = int(ep.str.starts_with("comm.nccl.allgather").sum())
     a2a_ann = events.filter(
-        (pl.col("kind").cast(pl.String).is_in(["annotation", "cpu_op"]))
+        (pl.col("kind").is_in(["annotation", "cpu_op"]))
         & pl.col("name").str.contains(r"(?i)all_?to_?all")
     ).height
     a2a_meta = comms.filter(pl.col("collective").str.contains(r"(?i)all_?to_?all")).height if comms.height else 0
@@ -124,19 +125,27 @@ def dispatcher_backend(
     return "none", ev
 
 
-def observe(
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What ran, read from the GPU rows alone: everything `observe` reports except the two
+    shares of step time, which need the walls (so the two can be computed side by side)."""
+
+    observed: dict[str, Any]
+    evidence: dict[str, Any]
+    offload_ns: int  # offload copies in flight, clipped to the step windows
+
+
+def gpu_facts(
     events: pl.DataFrame,
     steps: pl.DataFrame,
-    per_step: pl.DataFrame,
     *,
     comms: pl.DataFrame | None = None,
     dispatcher_hint: str | None = None,
     classes: KernelClasses | None = None,
     gpu: pl.DataFrame | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(observed, evidence) for the analyzed steps. `events` must be classified; `per_step` is
-    walls.attribute_walls output (for recompute time); `gpu`, when the caller has it already, is
-    `in_windows(events, steps)`."""
+) -> Facts:
+    """Backend facts of the analyzed steps. `events` must be classified; `gpu`, when the caller
+    has it already, is `in_windows(events, steps)`."""
     require(events, ("kclass", "wall", "rclass"), what="classified events")
     comms = comms if comms is not None else pl.DataFrame()
     gpu = gpu if gpu is not None else in_windows(events, steps)
@@ -146,9 +155,6 @@ def observe(
     fp8 = gpu.filter(pl.col("kclass") == "compute.gemm.fp8")
     grouped, gg_ev = grouped_gemm(gpu, main_stream=main_stream)
     backend, d_ev = dispatcher_backend(gpu, events, comms, comm, hint=dispatcher_hint)
-    rc_ns = int(per_step.get_column("recompute_busy_ns").sum())
-    compute_busy = int(per_step.get_column("compute_exposed_ns").sum()) + rc_ns
-    wall_ns = int(per_step.get_column("wall_ns").sum())
     off = gpu.filter(pl.col("kclass") == "memory.offload")
     # Activation/optimizer offload moves data both ways; one-way pinned HtoD is input or weight
     # loading, not offload.
@@ -164,20 +170,47 @@ def observe(
         "fp8_gemm": fp8.height > 0,
         "grouped_gemm": grouped,
         "dispatcher_backend": backend,
-        # share of GPU compute busy time spent re-running forward work
-        "recompute_fraction": _frac(rc_ns, compute_busy),
-        # share of step wall time with an offload copy (large pinned DtoH/HtoD) in flight
-        "offload_copy_fraction": _frac(off_ns, wall_ns),
     }
     evidence = {
         **g_ev,
         "fp8_gemm": _stat(fp8),
         "grouped_gemm": gg_ev,
         "dispatcher": d_ev,
-        "recompute": {"busy_s": round(rc_ns * NS, 9), "compute_busy_s": round(compute_busy * NS, 9)},
         "offload": {**_stat(off), "in_flight_s": round(off_ns * NS, 9), "one_way_large_copies": one_way},
         "main_stream": {str(r): s for r, s in sorted(main_stream.items())},
         "comm_groups": comm_groups(comm),
+    }
+    return Facts(observed, evidence, off_ns)
+
+
+def observe(
+    events: pl.DataFrame,
+    steps: pl.DataFrame,
+    per_step: pl.DataFrame,
+    *,
+    comms: pl.DataFrame | None = None,
+    dispatcher_hint: str | None = None,
+    classes: KernelClasses | None = None,
+    gpu: pl.DataFrame | None = None,
+    facts: Facts | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(observed, evidence) for the analyzed steps: `gpu_facts` (or the `facts` already computed)
+    plus the recompute and offload shares. `per_step` is walls.attribute_walls output."""
+    f = facts or gpu_facts(events, steps, comms=comms, dispatcher_hint=dispatcher_hint,
+                           classes=classes, gpu=gpu)
+    rc_ns = int(per_step.get_column("recompute_busy_ns").sum())
+    compute_busy = int(per_step.get_column("compute_exposed_ns").sum()) + rc_ns
+    wall_ns = int(per_step.get_column("wall_ns").sum())
+    observed = {
+        **f.observed,
+        # share of GPU compute busy time spent re-running forward work
+        "recompute_fraction": _frac(rc_ns, compute_busy),
+        # share of step wall time with an offload copy (large pinned DtoH/HtoD) in flight
+        "offload_copy_fraction": _frac(f.offload_ns, wall_ns),
+    }
+    evidence = {
+        **f.evidence,
+        "recompute": {"busy_s": round(rc_ns * NS, 9), "compute_busy_s": round(compute_busy * NS, 9)},
     }
     return observed, evidence
 

@@ -45,7 +45,7 @@ class Alignment:
 def _instances(trace: Trace) -> pl.DataFrame:
     """Communication kernels numbered per (rank, group), node = event row index."""
     lf = trace.events.lazy().with_row_index("node").filter(
-        pl.col("kind").cast(pl.String) == "kernel")
+        pl.col("kind") == "kernel")
     if "wall" in trace.events.columns:  # classified: only communication kernels are numbered
         lf = lf.filter(pl.col("wall") == "communication")
     gpu = lf.with_columns(pl.col("node").cast(pl.Int64)).collect()

@@ -66,7 +66,7 @@ def parse_window(text: str | None) -> tuple[int, int] | None:
 
 def _annotation_steps(ev: pl.DataFrame, pattern: str, kinds: tuple[str, ...]) -> pl.DataFrame:
     """Host ranges whose name matches `pattern` (group 1 = step id): rank, step, start_ns, end_ns."""
-    rows = ev.filter(pl.col("kind").cast(pl.String).is_in(kinds) & pl.col("name").str.contains(pattern))
+    rows = ev.filter(pl.col("kind").is_in(kinds) & pl.col("name").str.contains(pattern))
     return (
         rows.with_columns(pl.col("name").str.extract(pattern, 1).cast(pl.Int64).alias("step"))
         .filter(pl.col("step").is_not_null())
@@ -163,7 +163,7 @@ def _gpu_idle_steps(events: pl.DataFrame, cfg: dict) -> tuple[pl.DataFrame, list
     """Split each rank's GPU timeline at long idle gaps; keep segments of typical size."""
     from analyzer.intervals import union
 
-    gpu = events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS)).select(
+    gpu = events.filter(pl.col("kind").is_in(GPU_KINDS)).select(
         "rank", pl.col("ts_ns").alias("start_ns"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns")
     )
     u = union(gpu, by=["rank"]).with_columns(
@@ -282,7 +282,7 @@ def find_steps(
 
 
 def _whole_trace(events: pl.DataFrame) -> pl.DataFrame:
-    gpu = events.filter(pl.col("kind").cast(pl.String).is_in(GPU_KINDS))
+    gpu = events.filter(pl.col("kind").is_in(GPU_KINDS))
     return gpu.group_by("rank").agg(
         pl.lit(0, dtype=pl.Int64).alias("step"),
         pl.col("ts_ns").min().alias("start_ns"),

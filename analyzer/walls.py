@@ -44,7 +44,7 @@ def recompute_launches(events: pl.DataFrame, *, classes: KernelClasses | None = 
     out_schema = {"rank": pl.Int32, "correlation": pl.Int64}
     if not cl.recompute_regions:
         return pl.DataFrame(schema=out_schema)
-    host = events.filter(pl.col("kind").cast(pl.String).is_in(["cpu_op", "annotation"]))
+    host = events.filter(pl.col("kind").is_in(["cpu_op", "annotation"]))
     is_region = match_expr(cl.recompute_regions)
     regions = host.filter(is_region)
     if regions.height == 0:
@@ -91,7 +91,7 @@ def gpu_layers(events: pl.DataFrame, recompute: pl.DataFrame) -> dict[str, pl.Da
         )
     else:
         gpu = gpu.with_columns(_rc=pl.lit(False))
-    w = pl.col("wall").cast(pl.String)
+    w = pl.col("wall")
     return {
         "c": _iv(gpu.filter((w == "compute") & ~pl.col("_rc"))),
         "rc": _iv(gpu.filter(pl.col("_rc"))),
@@ -145,19 +145,28 @@ def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     return {"sync": sync, "starved": starved}
 
 
+def wall_layers(events: pl.DataFrame, *, recompute: pl.DataFrame | None = None,
+                classes: KernelClasses | None = None) -> dict[str, pl.DataFrame]:
+    """Every per-rank layer the attribution sweeps (GPU work by wall, host causes). They do not
+    depend on the steps, so they can be built while the steps are found."""
+    rc = recompute if recompute is not None else recompute_launches(events, classes=classes)
+    return gpu_layers(events, rc) | host_layers(events)
+
+
 def attribute_walls(
     events: pl.DataFrame,
     steps: pl.DataFrame,
     *,
     recompute: pl.DataFrame | None = None,
+    layers: dict[str, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """One row per (rank, step): window and the ns of every wall component (see module doc).
 
-    `events` must be classified (classify.classify); `steps` is Steps.table.
+    `events` must be classified (classify.classify); `steps` is Steps.table; `layers`, when the
+    caller has them already, is `wall_layers(events, recompute=…)`.
     """
     require(steps, ("rank", "step", "win_start_ns", "win_end_ns"), what="steps")
-    rc = recompute if recompute is not None else recompute_launches(events)
-    layers = gpu_layers(events, rc) | host_layers(events)
+    layers = layers if layers is not None else wall_layers(events, recompute=recompute)
     win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
     # one integer key per (rank, step): the sweep then sorts by a single column (2–3× faster)
     wid = win.with_columns(pl.struct(BY).rank("dense").cast(pl.Int64).alias("_wid"))
@@ -219,7 +228,7 @@ def _counts(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
         .group_by(BY)
         .agg(pl.len().alias("kernels"), pl.col("dur_ns").median().alias("median_kernel_ns"))
     )
-    calls = events.filter(pl.col("rclass").cast(pl.String).is_in(["launch", "graph_launch"]))
+    calls = events.filter(pl.col("rclass").is_in(["launch", "graph_launch"]))
     la = (
         locate(calls.select("rank", "ts_ns"), win, on=["rank"], at="ts_ns", keep=["step"],
                start="start_ns", end="end_ns")
