@@ -9,11 +9,14 @@ All functions return new frames sorted by (*by, start_ns) and never mutate their
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 
 import polars as pl
 
 START, END = "start_ns", "end_ns"
 _G = "_grp"
+LAYER = "_layer"  # sweep_stacked: index of the layer a row belongs to
+SMALL_WINDOWS = 2_000  # window frames up to this size are checked in Python
 
 
 def _keys(by: Sequence[str]) -> list[str]:
@@ -82,30 +85,44 @@ def sweep(
     """Elementary segments of all layers' boundaries, with one Boolean column per layer telling
     whether that layer covers the segment. Segments covered by no layer are dropped.
     `unioned=True`: each layer is already a union per group (disjoint, non-touching), skip it."""
-    keys = _keys(by)
     names = list(layers)
-    points = []
-    for name, df in layers.items():
-        u = _with_key(df.select([*by, START, END]) if unioned else union(df, by=by), by)
-        zeros = {n: pl.lit(0, dtype=pl.Int64) for n in names}
-        for col, sign in ((START, 1), (END, -1)):
-            d = {**zeros, name: pl.lit(sign, dtype=pl.Int64)}
-            points.append(u.select([*keys, pl.col(col).alias("t"), *[v.alias(k) for k, v in d.items()]]))
-    if not points:
-        return _drop_key(empty_intervals(keys), by)
+    if not names:
+        return _drop_key(empty_intervals(_keys(by)), by)
+    stacked = pl.concat([
+        (df.select([*by, START, END]) if unioned else union(df, by=by))
+        .with_columns(pl.lit(i, dtype=pl.UInt8).alias(LAYER))
+        for i, df in enumerate(layers.values())
+    ], how="vertical_relaxed")
+    return sweep_stacked(stacked, names=names, by=by)
+
+
+def sweep_stacked(df: pl.DataFrame, *, names: Sequence[str], by: Sequence[str] = ()) -> pl.DataFrame:
+    """`sweep` of layers stacked in one frame: column `_layer` holds each row's index into
+    `names`. Within a layer, intervals of a group must not overlap (a union, or disjoint windows,
+    which may touch): the columns are then coverage flags."""
+    keys = _keys(by)
+    d = _with_key(df.select([*by, START, END, LAYER]), by)
     # Every interval adds +1 and −1 inside its own group, so a running sum over the (keys, t)
     # order never carries across groups, and among points of equal t only the last row's sum
     # (the full one) starts a segment of non-zero length: no group_by, no window per group.
     # A group's last row sums to 0 everywhere, so its segment into the next group is dropped.
-    pts = sort_grouped(pl.concat(points, how="vertical_relaxed"), keys, "t")
-    seg = pts.with_columns(
-        *[pl.col(n).cum_sum() for n in names],
+    sign = pl.lit(1, dtype=pl.Int64)
+    pts = pl.concat([
+        d.select([*keys, pl.col(START).alias("t"), LAYER, sign.alias("_d")]),
+        d.select([*keys, pl.col(END).alias("t"), LAYER, (-sign).alias("_d")]),
+    ])
+    pts = sort_grouped(pts, keys, "t")
+    seg = pts.select(
+        *keys,
+        pl.col("t").alias(START),
         pl.col("t").shift(-1).alias(END),
-    ).rename({"t": START})
+        *[pl.when(pl.col(LAYER) == i).then(pl.col("_d")).otherwise(0).cum_sum().alias(n)
+          for i, n in enumerate(names)],
+    )
     seg = seg.filter(pl.col(END).is_not_null() & (pl.col(END) > pl.col(START)))
     seg = seg.with_columns([(pl.col(n) > 0) for n in names])
     seg = seg.filter(pl.any_horizontal([pl.col(n) for n in names]))
-    return _drop_key(seg.select([*keys, START, END, *names]), by)
+    return _drop_key(seg, by)
 
 
 def _select(layers: Mapping[str, pl.DataFrame], cond: pl.Expr, by: Sequence[str]) -> pl.DataFrame:
@@ -129,6 +146,12 @@ def disjoint(windows: pl.DataFrame, *, on: Sequence[str], start: str, end: str) 
     if windows.height == 0:
         return True
     w = windows.select([*on, start, end])
+    if w.height <= SMALL_WINDOWS:  # step tables: a few rows, where each polars call is a fixed cost
+        rows = w.rows()
+        if any(None in r or r[-1] <= r[-2] for r in rows):
+            return False
+        rows.sort()  # (*on, start, end)
+        return all(a[:-2] != b[:-2] or a[-1] <= b[-2] for a, b in pairwise(rows))
     if w.null_count().sum_horizontal().item() or w.filter(pl.col(end) <= pl.col(start)).height:
         return False
     keys = _keys(on)

@@ -161,10 +161,7 @@ def gpu_facts(
     both = off.group_by("rank").agg(pl.col("copy_kind").n_unique().alias("_k")).filter(pl.col("_k") >= 2)
     one_way = off.join(both, on="rank", how="anti").height
     off = off.join(both.select("rank"), on="rank", how="semi")
-    win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
-    off_iv = off.select("rank", pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END))
-    off_clipped = clip(union(off_iv, by=["rank"]), win, on=["rank"], window_cols=["step"])
-    off_ns = int(total(off_clipped, by=["rank", "step"]).get_column("len_ns").sum() or 0)
+    off_ns = _in_flight_ns(off, steps) if off.height else 0
     observed = {
         "cuda_graph_replay": graphs,
         "fp8_gemm": fp8.height > 0,
@@ -249,6 +246,14 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
              for role, r in sorted(groups["by_role"].items(), key=lambda kv: -kv[1]["time_s"])
              if r["count"]]
     return ["communication kernels by process group (per step and rank): " + " · ".join(parts)]
+
+
+def _in_flight_ns(ops: pl.DataFrame, steps: pl.DataFrame) -> int:
+    """Time with at least one of `ops` running, clipped to the step windows."""
+    win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
+    iv = ops.select("rank", pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END))
+    clipped = clip(union(iv, by=["rank"]), win, on=["rank"], window_cols=["step"])
+    return int(total(clipped, by=["rank", "step"]).get_column("len_ns").sum() or 0)
 
 
 def _main_streams(gpu: pl.DataFrame) -> dict[int, int]:

@@ -22,7 +22,18 @@ import polars as pl
 
 from analyzer.classify import KernelClasses, load_classes, match_expr
 from analyzer.frames import CORR_KEY, GPU_KINDS, corr_key, require
-from analyzer.intervals import END, START, clip, locate, sort_grouped, sweep, union
+from analyzer.intervals import (
+    END,
+    LAYER,
+    START,
+    clip,
+    disjoint,
+    locate,
+    sort_grouped,
+    sweep,
+    sweep_stacked,
+    union,
+)
 
 BY = ["rank", "step"]
 WALL_KEYS = ("compute", "communication", "memory", "host")
@@ -168,22 +179,15 @@ def attribute_walls(
     require(steps, ("rank", "step", "win_start_ns", "win_end_ns"), what="steps")
     layers = layers if layers is not None else wall_layers(events, recompute=recompute)
     win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
-    # one integer key per (rank, step): the sweep then sorts by a single column (2–3× faster)
     wid = win.with_columns(pl.struct(BY).rank("dense").cast(pl.Int64).alias("_wid"))
-    # All layers unioned and clipped in one pass (a `_layer` column keeps them apart): each polars
-    # call has a fixed cost, and per-layer calls made up a third of a small trace's diagnosis.
+    # All layers stacked (a `_layer` column keeps them apart), unioned per rank and swept in one
+    # pass with the windows: each polars call has a fixed cost, and per-layer calls made up a
+    # third of a small trace's diagnosis.
     stacked = pl.concat([
-        v.select("rank", START, END).with_columns(pl.lit(i, dtype=pl.UInt8).alias("_layer"))
+        v.select("rank", START, END, pl.lit(i, dtype=pl.UInt8).alias(LAYER))
         for i, v in enumerate(layers.values())
     ])
-    pieces = clip(union(stacked, by=["rank", "_layer"]), wid, on=["rank"], window_cols=["_wid"])
-    by_layer = pieces.drop("rank").partition_by("_layer", as_dict=True, include_key=False)
-    empty = pieces.drop("rank", "_layer").clear()
-    clipped = {k: by_layer.get((i,), empty) for i, k in enumerate(layers)}
-    clipped["win"] = wid.select("_wid", pl.col("win_start_ns").alias(START), pl.col("win_end_ns").alias(END))
-    # clipped pieces of per-rank unions are unions per (rank, step) already; windows are one
-    # interval per (rank, step)
-    seg = sweep(clipped, by=["_wid"], unioned=True)
+    seg = _segments(union(stacked, by=["rank", LAYER]), wid, names=[*layers, "win"])
     c, r, m, k = pl.col("c"), pl.col("rc"), pl.col("comm"), pl.col("mem")
     busy = c | r | m | k
     idle = pl.col("win") & ~busy
@@ -201,7 +205,6 @@ def attribute_walls(
         "sync_blocked_ns": idle & pl.col("sync"),
         "launch_starved_ns": idle & ~pl.col("sync") & pl.col("starved"),
     }
-    seg = seg.filter(pl.col("win"))
     agg = seg.group_by("_wid").agg([(length * e.cast(pl.Int64)).sum().alias(n) for n, e in parts.items()])
     agg = wid.select(*BY, "_wid").unique().join(agg, on="_wid", how="inner").drop("_wid")
     out = win.with_columns((pl.col("win_end_ns") - pl.col("win_start_ns")).alias("wall_ns")).join(
@@ -217,6 +220,29 @@ def attribute_walls(
     )
     check_sums(out)
     return out.sort(BY)
+
+
+def _segments(unioned: pl.DataFrame, wid: pl.DataFrame, *, names: list[str]) -> pl.DataFrame:
+    """Elementary segments inside the step windows, with their window `_wid` and one coverage
+    flag per name (the last name, `win`, is the window layer). `unioned`: rank, start, end and
+    `_layer` (index into `names`), a union per (rank, layer); `wid`: the windows and `_wid`."""
+    windows = wid.select("rank", pl.col("win_start_ns").alias(START), pl.col("win_end_ns").alias(END),
+                         "_wid", pl.lit(len(names) - 1, dtype=pl.UInt8).alias(LAYER))
+    if disjoint(wid, on=["rank"], start="win_start_ns", end="win_end_ns"):
+        # One sweep per rank over the layers and the windows (touching windows stay two layer
+        # intervals, so every window boundary is a segment boundary); a segment inside a window
+        # belongs to the one that starts last at or before it.
+        seg = sweep_stacked(pl.concat([unioned, windows.select(unioned.columns)]), names=names,
+                            by=["rank"])
+        return seg.filter(pl.col("win")).sort(START).join_asof(
+            windows.select("rank", pl.col(START).alias("_ws"), "_wid").sort("_ws"),
+            left_on=START, right_on="_ws", by="rank", strategy="backward", check_sortedness=False,
+        )
+    # Overlapping windows: each layer cut to each window it meets, then swept per window.
+    pieces = clip(unioned, wid, on=["rank"], window_cols=["_wid"]).drop("rank")
+    seg = sweep_stacked(pl.concat([pieces, windows.drop("rank").select(pieces.columns)]),
+                        names=names, by=["_wid"])
+    return seg.filter(pl.col("win"))
 
 
 def _counts(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:

@@ -6,7 +6,17 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.intervals import clip, complement, intersect, subtract, sweep, total, total_ns, union
+from analyzer.intervals import (
+    clip,
+    complement,
+    disjoint,
+    intersect,
+    subtract,
+    sweep,
+    total,
+    total_ns,
+    union,
+)
 
 
 def iv(rows: list[tuple[int, int]], rank: int | None = None) -> pl.DataFrame:
@@ -77,3 +87,29 @@ def test_properties(a_rows, b_rows, shift, rnd) -> None:
     moved = iv([(s + shift, e + shift) for s, e in a_rows])
     assert total_ns(moved) == ua
     assert total_ns(intersect(moved, iv([(s + shift, e + shift) for s, e in b_rows]))) == total_ns(intersect(a, b))
+
+
+def test_disjoint_exact_cases() -> None:
+    w = pl.DataFrame({"rank": [0, 0, 1], "a": [0, 10, 5], "b": [10, 20, 30]})
+    assert disjoint(w, on=["rank"], start="a", end="b")  # touching windows, another rank overlaps
+    assert not disjoint(w.with_columns(pl.Series("b", [11, 20, 30])), on=["rank"], start="a", end="b")
+    assert not disjoint(w.with_columns(pl.Series("b", [0, 20, 30])), on=["rank"], start="a", end="b")
+    assert not disjoint(w.with_columns(pl.Series("a", [None, 10, 5])), on=["rank"], start="a", end="b")
+    assert not disjoint(w.with_columns(pl.Series("rank", [0, None, 1])), on=["rank"], start="a", end="b")
+    assert disjoint(w.clear(), on=["rank"], start="a", end="b")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, None]), st.one_of(st.none(), st.integers(0, 40)),
+                          st.integers(0, 40)), max_size=12))
+def test_disjoint_small_path_agrees_with_the_polars_path(rows: list[tuple]) -> None:
+    import analyzer.intervals as ivm
+
+    w = pl.DataFrame(rows, schema={"rank": pl.Int64, "a": pl.Int64, "b": pl.Int64}, orient="row")
+    cases = [(w, ["rank"]), (w.drop("rank"), [])]
+    small = [disjoint(df, on=on, start="a", end="b") for df, on in cases]
+    saved, ivm.SMALL_WINDOWS = ivm.SMALL_WINDOWS, -1  # every frame takes the polars path
+    try:
+        assert [disjoint(df, on=on, start="a", end="b") for df, on in cases] == small
+    finally:
+        ivm.SMALL_WINDOWS = saved

@@ -102,6 +102,34 @@ def test_wall_properties(ops, shift, rnd) -> None:
     assert walls_of(random_rows(ops, shift))[0].select(cols).rows() == ps.select(cols).rows()
 
 
+@settings(max_examples=30, deadline=None)
+@given(gpu_ops)
+def test_overlapping_window_path_agrees_with_the_per_rank_sweep(ops) -> None:
+    """Disjoint windows take one sweep per rank; the per-window path (for overlapping ones)
+    must give the same rows on them."""
+    import analyzer.walls as walls
+
+    events = classify(frame(random_rows(ops)))
+    table = find_steps(events).table
+    fast = attribute_walls(events, table)
+    saved, walls.disjoint = walls.disjoint, lambda *a, **k: False
+    try:
+        slow = attribute_walls(events, table)
+    finally:
+        walls.disjoint = saved
+    assert slow.equals(fast)
+
+
+def test_overlapping_windows_each_get_their_share() -> None:
+    events = classify(frame([launch(1, 30), ev("kernel", GEMM, 40, 20, correlation=1)]))
+    table = pl.DataFrame({"rank": [0, 0], "step": [1, 2], "win_start_ns": [0, 50], "win_end_ns": [100, 150]},
+                         schema={"rank": pl.Int32, "step": pl.Int64, "win_start_ns": pl.Int64,
+                                 "win_end_ns": pl.Int64})
+    table = table.with_columns(start_ns=pl.col("win_start_ns"), end_ns=pl.col("win_end_ns"))
+    ps = attribute_walls(events, table)
+    assert ps.select("step", "compute_exposed_ns", "idle_ns").rows() == [(1, 20, 80), (2, 10, 90)]
+
+
 # --- oracles on real traces -------------------------------------------------------------------
 
 
