@@ -145,6 +145,11 @@ def worker_diagnose(path: Path, *, core: bool = False) -> dict[str, Any]:
     classify + steps + walls + observed, the scope of HTA's parse + temporal breakdown."""
     sys.path.insert(0, str(ROOT))
     try:
+        # Imports excluded from the timing, like HTA's: with the ones `diagnose` makes on first
+        # use (the reader, the cross-rank section), which otherwise compile inside the clock
+        # where PYTHONDONTWRITEBYTECODE is set (this VM: ~25 ms).
+        import analyzer.ranks
+        import analyzer.readers.kineto  # noqa: F401
         from analyzer.diagnose import diagnose
     except ImportError as exc:
         return {"error": f"analyzer.diagnose not importable: {exc}"}
