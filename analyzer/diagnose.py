@@ -123,6 +123,7 @@ def diagnose_trace(
         gpu = in_windows(events, steps.table)  # located once, read by observe, evidence, sections
         facts = gpu_facts(events, steps.table, comms=trace.comms, dispatcher_hint=dispatcher_hint,
                           classes=cl, gpu=gpu)
+        evidence = _evidence(gpu)
         per_step = walls.result()
     med = median_step(per_step)
     observed, obs_ev = observe(events, steps.table, per_step, facts=facts)
@@ -141,7 +142,7 @@ def diagnose_trace(
         **_summary(med),
         "per_step": _per_step_rows(per_step),
         "observed": observed,
-        "evidence": _evidence(gpu, obs_ev),
+        "evidence": {**evidence, **obs_ev},
         "warnings": _warnings(trace, steps, events, observed),
     }
     ctx = Context(events=events, gpu=gpu, per_step=per_step, median=med, doc=doc, contract=con)
@@ -222,7 +223,9 @@ def _per_step_rows(per_step: pl.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def _evidence(gpu: pl.DataFrame, obs_ev: dict[str, Any]) -> dict[str, Any]:
+def _evidence(gpu: pl.DataFrame) -> dict[str, Any]:
+    """Kernel classes and the top kernels of the analysed steps (the backend facts' evidence is
+    merged in by the caller)."""
     classes = {
         row["kclass"]: {"count": int(row["count"]), "time_s": row["time_ns"] * NS, "wall": row["wall"]}
         for row in class_table(gpu).to_dicts()
@@ -237,7 +240,7 @@ def _evidence(gpu: pl.DataFrame, obs_ev: dict[str, Any]) -> dict[str, Any]:
         {"name": _short(r["name"]), "kclass": r["kclass"], "count": int(r["count"]), "time_s": r["t"] * NS}
         for r in top.to_dicts()
     ]
-    return {"classes": classes, "top_kernels": top_k, **obs_ev}
+    return {"classes": classes, "top_kernels": top_k}
 
 
 def _short(name: str, limit: int = 160) -> str:

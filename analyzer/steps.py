@@ -66,7 +66,8 @@ def parse_window(text: str | None) -> tuple[int, int] | None:
 
 def _annotation_steps(ev: pl.DataFrame, pattern: str, kinds: tuple[str, ...]) -> pl.DataFrame:
     """Host ranges whose name matches `pattern` (group 1 = step id): rank, step, start_ns, end_ns."""
-    rows = ev.filter(pl.col("kind").is_in(kinds) & pl.col("name").str.contains(pattern))
+    # the kind first: the pattern then runs on the few annotations, not on every name
+    rows = ev.filter(pl.col("kind").is_in(kinds)).filter(pl.col("name").str.contains(pattern))
     return (
         rows.with_columns(pl.col("name").str.extract(pattern, 1).cast(pl.Int64).alias("step"))
         .filter(pl.col("step").is_not_null())
