@@ -42,7 +42,7 @@ import polars as pl
 
 from analyzer import intervals as iv
 from analyzer.frames import GPU_KINDS, Trace
-from analyzer.graph import TOLERANCE_NS, WALLS, TimelineGraph, _no_gc, build_graph
+from analyzer.graph import WALLS, TimelineGraph, _no_gc, build_graph
 
 DEP_KINDS = ("event_wait", "stream", "sync")
 # Equal releases: prefer the stronger dependency.
@@ -50,6 +50,7 @@ _ENDS_AT_OP_END = frozenset({"sync", "collective"})  # edges held until the op's
 _PRIORITY = {"sync": 0, "event_wait": 1, "collective": 2, "stream": 3, "launch": 4, "host": 5}
 GAP_WALL = {"launch": "host", "host": "host", "sync": "host", "collective": "communication",
             "stream": "other", "event_wait": "other"}
+_GAP_WHAT = {k: f"{k}_gap" for k in GAP_WALL}
 TOP_SEGMENTS = 20
 LAUNCH_LATENCY_NS = 50_000  # longer launch→start gaps are not launch latency
 TOP_EDGES = 20
@@ -149,12 +150,21 @@ def critical_path(graph: TimelineGraph, *, rank: int, step: int, start_ns: int,
             ts_u = ts.get(u)
             if ts_u is None:  # another rank: its wait shows as this op's own time
                 continue
+            # release (graph.RELEASE), written out: this loop runs once per edge into the path
             k = d["kind"]
-            rel = _release(k, ts_u, en[u], ts_v)
+            if k == "collective":
+                rel = ts_u
+            else:
+                rel = en[u]
+                if k == "launch" and rel > ts_v:  # an op may start inside its launch call
+                    rel = ts_v if ts_v > ts_u else ts_u
             con = en_v if k in _ENDS_AT_OP_END else ts_v
-            rel = min(rel, con, hi)
-            if rel > con + TOLERANCE_NS:
-                continue
+            # clipped to the constraint and to the path so far (the graph holds no edge whose
+            # release lies past its constraint: build_graph drops those)
+            if rel > con:
+                rel = con
+            if rel > hi:
+                rel = hi
             pri = _PRIORITY[k]
             if best is None or rel > best_rel or (rel == best_rel and pri < best_pri):
                 best, best_rel, best_kind, best_via, best_pri = u, rel, k, d.get("via"), pri
@@ -173,7 +183,7 @@ def critical_path(graph: TimelineGraph, *, rank: int, step: int, start_ns: int,
             break
         gap_lo = max(best_rel, start_ns)
         if gap_lo < lo_v:
-            gw, what = GAP_WALL[best_kind], f"{best_kind}_gap"
+            gw, what = GAP_WALL[best_kind], _GAP_WHAT[best_kind]
             if best_kind == "launch" and best_via is None and lo_v - gap_lo > LAUNCH_LATENCY_NS:
                 gw, what = "other", "unexplained_gap"  # launched long before: waited on else
             out.append(Segment(rank, step, gap_lo, lo_v, gw, what, v))
@@ -185,14 +195,6 @@ def critical_path(graph: TimelineGraph, *, rank: int, step: int, start_ns: int,
             out.append(Segment(rank, step, start_ns, hi, "other", "step_start", None))
     out.reverse()
     return _mark_blocking([s for s in out if s.end_ns > s.start_ns], wall)
-
-
-def _release(kind: str, u_ts: int, u_end: int, v_ts: int) -> int:
-    if kind == "launch":  # an op may start inside its launch call
-        return min(u_end, max(v_ts, u_ts))
-    if kind == "collective":
-        return u_ts
-    return u_end
 
 
 def _mark_blocking(path: list[Segment], wall: dict[int, str]) -> list[Segment]:
