@@ -95,8 +95,9 @@ def dispatcher_backend(
     ep = comm.filter(pl.col("pg_role") == "ep_dispatch").get_column("kclass")
     ep_sendrecv = int(ep.str.starts_with("comm.nccl.sendrecv").sum())
     ep_allgather = int(ep.str.starts_with("comm.nccl.allgather").sum())
-    a2a_ann = events.filter(pl.col("kind").is_in(["annotation", "cpu_op"])).filter(
-        pl.col("name").str.contains(r"(?i)all_?to_?all")).height
+    # the names of host rows alone are filtered (not every column), then matched
+    host_names = pl.col("name").filter(pl.col("kind").is_in(["annotation", "cpu_op"]))
+    a2a_ann = int(events.select(host_names.str.contains(r"(?i)all_?to_?all").sum()).item())
     a2a_meta = comms.filter(pl.col("collective").str.contains(r"(?i)all_?to_?all")).height if comms.height else 0
     ev = {
         "deepep_kernels": n["comm.deepep."],

@@ -97,8 +97,9 @@ def assign_steps(events: pl.DataFrame, host_steps: pl.DataFrame) -> pl.DataFrame
     require(events, ("rank", "kind", "ts_ns", "correlation"), what="events")
     hs = host_steps.select("rank", "step", "start_ns", "end_ns").sort("start_ns")
     calls = (
-        events.filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+        events.lazy().filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
         .select("rank", "correlation", "ts_ns")
+        .collect()
         .sort("ts_ns")
         .join_asof(
             hs, left_on="ts_ns", right_on="start_ns", by="rank", strategy="backward",
@@ -164,9 +165,9 @@ def _gpu_idle_steps(events: pl.DataFrame, cfg: dict) -> tuple[pl.DataFrame, list
     """Split each rank's GPU timeline at long idle gaps; keep segments of typical size."""
     from analyzer.intervals import union
 
-    gpu = events.filter(pl.col("kind").is_in(GPU_KINDS)).select(
+    gpu = events.lazy().filter(pl.col("kind").is_in(GPU_KINDS)).select(
         "rank", pl.col("ts_ns").alias("start_ns"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns")
-    )
+    ).collect()
     u = union(gpu, by=["rank"]).with_columns(
         (pl.col("start_ns") - pl.col("end_ns").shift(1).over("rank")).alias("gap")
     )

@@ -55,7 +55,9 @@ def recompute_launches(events: pl.DataFrame, *, classes: KernelClasses | None = 
     out_schema = {"rank": pl.Int32, "correlation": pl.Int64}
     if not cl.recompute_regions:
         return pl.DataFrame(schema=out_schema)
-    host = events.filter(pl.col("kind").is_in(["cpu_op", "annotation"]))
+    # only the columns used: host rows are most of a trace, a filter copies every column kept
+    host = events.select("rank", "tid", "name", "ts_ns", "dur_ns", "kind").filter(
+        pl.col("kind").is_in(["cpu_op", "annotation"]))
     is_region = match_expr(cl.recompute_regions)
     regions = host.filter(is_region)
     if regions.height == 0:
@@ -78,10 +80,11 @@ def recompute_launches(events: pl.DataFrame, *, classes: KernelClasses | None = 
     )
     seg = sweep({"reg": reg_iv, "bwd": bwd_in}, by=by)
     fwd_time = union(seg.filter(pl.col("reg") & ~pl.col("bwd")).select(*by, START, END), by=by)
-    launches = events.filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+    launches = events.lazy().filter(
+        (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()
+    ).select(*by, "correlation", "ts_ns").collect()
     hit = (
-        launches.select(*by, "correlation", "ts_ns")
-        .sort("ts_ns")
+        launches.sort("ts_ns")
         .join_asof(
             fwd_time.sort(START), left_on="ts_ns", right_on=START, by=by, strategy="backward",
             check_sortedness=False,
@@ -94,7 +97,8 @@ def recompute_launches(events: pl.DataFrame, *, classes: KernelClasses | None = 
 def gpu_layers(events: pl.DataFrame, recompute: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """Per-rank GPU intervals by wall; compute kernels launched for recompute go to `recompute`."""
     require(events, ("kind", "wall", "correlation"), what="classified events")
-    gpu = events.filter(pl.col("kind").is_in(GPU_KINDS) & (pl.col("dur_ns") > 0))
+    gpu = events.select("rank", "correlation", "kind", "wall", "ts_ns", "dur_ns").filter(
+        pl.col("kind").is_in(GPU_KINDS) & (pl.col("dur_ns") > 0))
     if recompute.height:
         rc = recompute.with_columns(pl.lit(True).alias("_rc"))
         gpu = gpu.join(rc, on=["rank", "correlation"], how="left").with_columns(
@@ -115,9 +119,9 @@ def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """Per-rank host causes of GPU idleness: blocking sync/copy calls, launch-starved gaps."""
     require(events, ("kind", "rclass", "blocking"), what="classified events")
     sync = _iv(events.filter(pl.col("blocking") & (pl.col("dur_ns") > 0)))
-    gpu = events.filter(pl.col("kind").is_in(GPU_KINDS) & (pl.col("dur_ns") > 0)).select(
+    gpu = events.lazy().filter(pl.col("kind").is_in(GPU_KINDS) & (pl.col("dur_ns") > 0)).select(
         "rank", "correlation", pl.col("ts_ns").alias(START),
-        (pl.col("ts_ns") + pl.col("dur_ns")).alias(END))
+        (pl.col("ts_ns") + pl.col("dur_ns")).alias(END)).collect()
     # One pass in (rank, start) order finds the GPU idle gaps and the op(s) that end each: a gap
     # ends where an op starts past every earlier end of its rank (ops tied at that start end it
     # too); gap_start = that running max. The first run of a rank has no gap before it.
@@ -129,9 +133,9 @@ def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     ).with_columns(pl.col("_run", "gap_start").forward_fill().over("rank"))
     ops = d.filter(pl.col(START) == pl.col("_run")).select("rank", "correlation", START, "gap_start")
     # when their launch call returned (only ops that end a gap are looked up)
-    calls = events.filter(
+    calls = events.lazy().filter(
         (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()
-    ).select("rank", "correlation", "ts_ns", "dur_ns")
+    ).select("rank", "correlation", "ts_ns", "dur_ns").collect()
     key = corr_key(calls, ops)
     on: str | list[str] = ["rank", "correlation"] if key is None else CORR_KEY
     if key is not None:
@@ -248,15 +252,16 @@ def _segments(unioned: pl.DataFrame, wid: pl.DataFrame, *, names: list[str]) -> 
 def _counts(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Kernels starting in each window, launch calls in each host step, median kernel duration."""
     win = steps.select("rank", "step", "win_start_ns", "win_end_ns", "start_ns", "end_ns")
-    kern = events.filter(pl.col("kind") == "kernel").select("rank", "ts_ns", "dur_ns")
+    kern = events.lazy().filter(pl.col("kind") == "kernel").select("rank", "ts_ns", "dur_ns").collect()
     k = (
         locate(kern, win, on=["rank"], at="ts_ns", keep=["step"])
         .group_by(BY)
         .agg(pl.len().alias("kernels"), pl.col("dur_ns").median().alias("median_kernel_ns"))
     )
-    calls = events.filter(pl.col("rclass").is_in(["launch", "graph_launch"]))
+    calls = events.lazy().filter(pl.col("rclass").is_in(["launch", "graph_launch"])).select(
+        "rank", "ts_ns").collect()
     la = (
-        locate(calls.select("rank", "ts_ns"), win, on=["rank"], at="ts_ns", keep=["step"],
+        locate(calls, win, on=["rank"], at="ts_ns", keep=["step"],
                start="start_ns", end="end_ns")
         .group_by(BY)
         .agg(pl.len().alias("launches"))
