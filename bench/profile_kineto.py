@@ -4,6 +4,7 @@ threads, user + system), MB of JSON per CPU-second, optionally a cProfile of one
     python bench/profile_kineto.py FILE [FILE ...] [--repeat 5] [--profile] [--rss]
     python bench/profile_kineto.py FILE ... --against /tmp/kineto_before.py   # A/B, interleaved
     python bench/profile_kineto.py FILE ... --python-too   # compiled scanner vs pure-Python reader
+    python bench/profile_kineto.py FILE ... --scan-sources  # the scanner alone: file map vs buffer
 
 `--against PATH` loads another copy of the reader module (e.g. `git show HEAD~1:analyzer/readers/
 kineto.py > /tmp/kineto_before.py`) and alternates reads between the two, so that both see the
@@ -72,6 +73,42 @@ def peak_rss_mb(path: Path, reader: Path, compiled: bool = True) -> float:
     return int(out.stdout.strip()) / 1024
 
 
+def scan_sources(path: Path, repeat: int) -> None:
+    """The compiled scanner alone, 1 and 2 threads, on the reader's private file map (pages
+    released behind the cursor, as `read_kineto` does, or kept) and on the bytes read into
+    memory first; plus what touching every page of the map costs (minor faults, ms)."""
+    import mmap
+    import resource
+
+    kineto = load_reader(READER, "kineto_scan_sources")
+    scan = kineto._kineto_scan.scan
+
+    def once(source: str, threads: int) -> float:
+        with path.open("rb") as fh:
+            data = (fh.read() if source == "bytes"
+                    else mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY))
+        t = time.perf_counter()
+        scan(data, *kineto._SCAN_SPEC, source == "map, released", threads, kineto.SCAN_PART_BYTES)
+        dt = time.perf_counter() - t
+        if isinstance(data, mmap.mmap):
+            data.close()
+        return dt
+
+    for threads in (1, 2):
+        best = {src: min(once(src, threads) for _ in range(repeat))
+                for src in ("map, released", "map, kept", "bytes")}
+        print(f"{path.name}, {threads} thread(s): "
+              + "  ".join(f"{k} {v:.3f} s" for k, v in best.items()), flush=True)
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) as m:
+        f0, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+        with memoryview(m) as view:
+            sum(view[i] for i in range(0, len(m), mmap.PAGESIZE))
+        dt, faults = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+        pages = len(m) // mmap.PAGESIZE
+    print(f"{path.name}: touching the map's {pages} pages: {faults} minor faults,"
+          f" {dt * 1000:.1f} ms", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+", type=Path)
@@ -81,7 +118,13 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="another copy of kineto.py to compare with")
     ap.add_argument("--python-too", action="store_true",
                     help="also the current reader with its compiled scanner off")
+    ap.add_argument("--scan-sources", action="store_true",
+                    help="only the scanner: from the file map vs from a buffer in memory")
     args = ap.parse_args()
+    if args.scan_sources:
+        for p in args.files:
+            scan_sources(p, args.repeat)
+        return
     readers = {"now": READER}
     if args.against:
         readers = {"before": args.against, **readers}
