@@ -143,3 +143,30 @@ def test_recompute_in_document() -> None:
 def test_no_paths_is_a_user_error_not_a_traceback() -> None:
     with pytest.raises(UserError, match="no trace file given"):
         diagnose([])
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
+
+
+@pytest.mark.parametrize("rel", ["gpu_mcore_recompute_full/trace.json.gz", "gpu_ep2_alltoall_overlap"])
+def test_side_by_side_orchestration_equals_the_functions_in_order(rel) -> None:
+    """diagnose_trace runs the walls on a helper thread beside the steps and backend facts; the
+    same public functions called one after another must give the same document parts."""
+    from analyzer.classify import classify
+    from analyzer.diagnose import _per_step_rows, normalize
+    from analyzer.observed import observe
+    from analyzer.readers import load_trace
+    from analyzer.steps import find_steps
+    from analyzer.walls import attribute_walls, recompute_launches
+
+    path = FIXTURES / rel
+    tr = load_trace([path])
+    doc = diagnose_trace(tr, files=[path], sections=[])
+    events = classify(tr.events)
+    steps = find_steps(events)
+    per_step = attribute_walls(events, steps.table, recompute=recompute_launches(events))
+    observed, evidence = observe(events, steps.table, per_step, comms=tr.comms)
+    assert doc["per_step"] == normalize(_per_step_rows(per_step))
+    assert doc["observed"] == normalize(observed)
+    assert {k: doc["evidence"][k] for k in evidence} == normalize(evidence)
+    assert len(doc["ranks_analyzed"]) == (2 if "ep2" in rel else 1)
