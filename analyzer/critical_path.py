@@ -45,8 +45,8 @@ from analyzer.frames import GPU_KINDS, Trace
 from analyzer.graph import WALLS, TimelineGraph, _no_gc, build_graph
 
 DEP_KINDS = ("event_wait", "stream", "sync")
-# Equal releases: prefer the stronger dependency.
 _ENDS_AT_OP_END = frozenset({"sync", "collective"})  # edges held until the op's end, not start
+# Equal releases: prefer the stronger dependency.
 _PRIORITY = {"sync": 0, "event_wait": 1, "collective": 2, "stream": 3, "launch": 4, "host": 5}
 GAP_WALL = {"launch": "host", "host": "host", "sync": "host", "collective": "communication",
             "stream": "other", "event_wait": "other"}

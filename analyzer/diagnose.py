@@ -126,7 +126,7 @@ def diagnose_trace(
         evidence = _evidence(gpu)
         per_step = walls.result()
     med = median_step(per_step)
-    observed, obs_ev = observe(events, steps.table, per_step, facts=facts)
+    observed, obs_ev = observe(facts, per_step)
     doc: dict[str, Any] = {
         "schema": SCHEMA_ID,
         "tool": {"name": "moetune", "version": __version__},

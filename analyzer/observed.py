@@ -179,33 +179,21 @@ def gpu_facts(
     return Facts(observed, evidence, off_ns)
 
 
-def observe(
-    events: pl.DataFrame,
-    steps: pl.DataFrame,
-    per_step: pl.DataFrame,
-    *,
-    comms: pl.DataFrame | None = None,
-    dispatcher_hint: str | None = None,
-    classes: KernelClasses | None = None,
-    gpu: pl.DataFrame | None = None,
-    facts: Facts | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(observed, evidence) for the analyzed steps: `gpu_facts` (or the `facts` already computed)
-    plus the recompute and offload shares. `per_step` is walls.attribute_walls output."""
-    f = facts or gpu_facts(events, steps, comms=comms, dispatcher_hint=dispatcher_hint,
-                           classes=classes, gpu=gpu)
+def observe(facts: Facts, per_step: pl.DataFrame) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(observed, evidence) for the analyzed steps: the backend facts (`gpu_facts`) plus the
+    recompute and offload shares of the walls (`per_step`: walls.attribute_walls output)."""
     rc_ns = int(per_step.get_column("recompute_busy_ns").sum())
     compute_busy = int(per_step.get_column("compute_exposed_ns").sum()) + rc_ns
     wall_ns = int(per_step.get_column("wall_ns").sum())
     observed = {
-        **f.observed,
+        **facts.observed,
         # share of GPU compute busy time spent re-running forward work
         "recompute_fraction": _frac(rc_ns, compute_busy),
         # share of step wall time with an offload copy (large pinned DtoH/HtoD) in flight
-        "offload_copy_fraction": _frac(f.offload_ns, wall_ns),
+        "offload_copy_fraction": _frac(facts.offload_ns, wall_ns),
     }
     evidence = {
-        **f.evidence,
+        **facts.evidence,
         "recompute": {"busy_s": round(rc_ns * NS, 9), "compute_busy_s": round(compute_busy * NS, 9)},
     }
     return observed, evidence

@@ -154,7 +154,7 @@ def test_side_by_side_orchestration_equals_the_functions_in_order(rel) -> None:
     same public functions called one after another must give the same document parts."""
     from analyzer.classify import classify
     from analyzer.diagnose import _per_step_rows, normalize
-    from analyzer.observed import observe
+    from analyzer.observed import gpu_facts, observe
     from analyzer.readers import load_trace
     from analyzer.steps import find_steps
     from analyzer.walls import attribute_walls, recompute_launches
@@ -165,7 +165,7 @@ def test_side_by_side_orchestration_equals_the_functions_in_order(rel) -> None:
     events = classify(tr.events)
     steps = find_steps(events)
     per_step = attribute_walls(events, steps.table, recompute=recompute_launches(events))
-    observed, evidence = observe(events, steps.table, per_step, comms=tr.comms)
+    observed, evidence = observe(gpu_facts(events, steps.table, comms=tr.comms), per_step)
     assert doc["per_step"] == normalize(_per_step_rows(per_step))
     assert doc["observed"] == normalize(observed)
     assert {k: doc["evidence"][k] for k in evidence} == normalize(evidence)
