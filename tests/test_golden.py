@@ -1,0 +1,61 @@
+"""Every `diagnose`/`audit`/`recommend` document for the in-repo fixture traces is identical to its
+golden file (tests/golden.py); `--update-golden` rewrites them on purpose."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import golden
+
+CASES = golden.cases()
+
+
+@pytest.mark.parametrize("command", golden.COMMANDS)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_document_matches_golden(case: golden.Case, command: str, update_golden: bool) -> None:
+    text = golden.document(case, command)
+    path = golden.ROOT / case.golden(command)
+    if text is None:
+        assert not path.exists(), f"{path} is stale: the case no longer runs {command}"
+        pytest.skip(f"{case.name} has no contract for {command}")
+    if update_golden:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return
+    assert path.is_file(), f"no golden document {path}: run pytest {__file__} --update-golden"
+    want = path.read_text(encoding="utf-8")
+    if text != want:
+        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True),
+                                            str(path), "now", n=2))
+        pytest.fail(f"{case.name} {command} differs from {path}:\n{diff[:6000]}")
+
+
+def test_every_case_has_its_goldens() -> None:
+    names = {c.name for c in CASES}
+    assert {"gpu_mcore_hostbound", "gpu_ep2_alltoall_overlap", "h200_eager_2steps"} <= names
+    assert sum(c.contract is not None for c in CASES) >= 5
+
+
+@pytest.mark.slow
+def test_documents_do_not_depend_on_hash_seed() -> None:
+    """Two processes with different PYTHONHASHSEED print the same documents (set and dict order
+    must never leak into a document)."""
+    case = next(c for c in CASES if c.name == "gpu_ep2_alltoall_overlap")
+    outs = []
+    for seed in ("1", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        docs = []
+        for command in ("diagnose", "recommend"):
+            proc = subprocess.run([sys.executable, "-m", "moetune", *golden.argv(case, command)],
+                                  cwd=golden.ROOT, env=env, capture_output=True, text=True,
+                                  timeout=300, check=False)
+            assert proc.returncode == 0, proc.stderr
+            docs.append(json.loads(proc.stdout))
+        outs.append(docs)
+    assert outs[0] == outs[1]
