@@ -9,7 +9,7 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "analyzer.readers._kineto_scan",
+            "moetune.analyzer.readers._kineto_scan",
             ["analyzer/readers/_kineto_scan.c"],
             optional=True,
         )

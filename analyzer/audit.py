@@ -21,19 +21,19 @@ from typing import Any
 import jsonschema
 import polars as pl
 import yaml
+from moetune.analyzer.classify import KernelClasses, load_classes, match_expr, with_pg_role
+from moetune.analyzer.contract import MISSING, Contract, load_contract, lookup
+from moetune.analyzer.frames import GPU_KINDS, Trace
+from moetune.analyzer.intervals import END, START, intersect, total_ns, union
 
-from analyzer.classify import KernelClasses, load_classes, match_expr, with_pg_role
-from analyzer.contract import MISSING, Contract, load_contract, lookup
-from analyzer.frames import GPU_KINDS, Trace
-from analyzer.intervals import END, START, intersect, total_ns, union
 from moetune import __version__
 from moetune.errors import UserError
+from moetune.resources import data, schema
 
-ROOT = Path(__file__).resolve().parents[1]
-SIGNATURES_PATH = ROOT / "rules" / "signatures.yaml"
-SIGNATURES_SCHEMA = ROOT / "schemas" / "signatures.schema.json"
-AUDIT_SCHEMA = ROOT / "schemas" / "audit.schema.json"
-DIAGNOSIS_SCHEMA = ROOT / "schemas" / "diagnosis.schema.json"
+SIGNATURES_PATH = data("moetune.rules", "signatures.yaml")
+SIGNATURES_SCHEMA = schema("signatures")
+AUDIT_SCHEMA = schema("audit")
+DIAGNOSIS_SCHEMA = schema("diagnosis")
 SCHEMA_ID = "moetune.audit/1"
 VERDICTS = ("confirmed", "contradicted", "unobservable")
 NS = 1e-9
@@ -558,7 +558,7 @@ def audit_trace(
     classes: KernelClasses | None = None,
 ) -> dict[str, Any]:
     """The audit document (schemas/audit.schema.json) for a contract and an already-read trace."""
-    from analyzer.diagnose import diagnose_trace
+    from moetune.analyzer.diagnose import diagnose_trace
 
     run = AuditRun(contract, trace, signatures=signatures, classes=classes)
     diagnosis = None
@@ -587,7 +587,7 @@ def audit(
     signatures: Signatures | None = None,
 ) -> dict[str, Any]:
     """Read the contract and the trace files, audit every claim; see `audit_trace`."""
-    from analyzer.readers import expand, load_trace
+    from moetune.analyzer.readers import expand, load_trace
 
     con = contract if isinstance(contract, Contract) else load_contract(contract)
     files = expand(list(traces))

@@ -16,12 +16,13 @@ from typing import Any
 
 import polars as pl
 import yaml
+from moetune.analyzer.frames import EVENTS_SCHEMA, require
 
-from analyzer.frames import EVENTS_SCHEMA, require
 from moetune.errors import UserError
+from moetune.resources import data, schema
 
-CLASSES_PATH = Path(__file__).with_name("kernel_classes.yaml")
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "kernel_classes.schema.json"
+CLASSES_PATH = data("moetune.analyzer", "kernel_classes.yaml")
+SCHEMA_PATH = schema("kernel_classes")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 10× faster when present
 
 WALLS: tuple[str, ...] = ("compute", "communication", "memory", "host")

@@ -23,8 +23,9 @@ import yaml
 from referencing import Registry, Resource
 
 from moetune.errors import UserError
+from moetune.resources import schema
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "contract.schema.json"
+SCHEMA_PATH = schema("contract")
 SCHEMA_ID = "moetune.contract/1"
 Severity = Literal["error", "warning"]
 MISSING = object()
@@ -79,7 +80,7 @@ class Contract:
         """Megatron arguments the contract asserts, current names only: `megatron_args` first, then
         section fields that mirror an argument (`parallelism.ep` -> `expert_model_parallel_size`)
         where the args are silent; deprecated names mapped (`moe_enable_deepep` -> flex + deepep)."""
-        from analyzer.megatron_args import normalize_args  # imports this module
+        from moetune.analyzer.megatron_args import normalize_args  # imports this module
 
         return MappingProxyType(normalize_args(effective_args(self.raw))[0])
 
@@ -225,7 +226,7 @@ def check_contract(doc: Any, *, strict: bool = False) -> list[Problem]:
 
 
 def _deprecated_problems(margs: Mapping[str, Any]) -> list[Problem]:
-    from analyzer.megatron_args import RENAMED, SWITCHES  # imports this module
+    from moetune.analyzer.megatron_args import RENAMED, SWITCHES  # imports this module
 
     out = [
         Problem(f"megatron_args.{k}", f"deprecated name; read as {RENAMED[k]}", "warning")

@@ -3,7 +3,7 @@
 With measured timestamps every complete dependency chain through a step telescopes to the same
 span, so "the longest path" is decided by which dependency *bound* each event: the critical path
 is the chain of binding dependencies. We find it by walking back from the step's last GPU op,
-each time to the predecessor whose release (see `analyzer.graph.RELEASE`) came last. That is
+each time to the predecessor whose release (see `moetune.analyzer.graph.RELEASE`) came last. That is
 the longest path in the DAG weighted by the time each edge actually held its target back, and it
 costs O(edges touched): no search, no recursion, bounded by the number of nodes.
 
@@ -39,10 +39,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import polars as pl
-
-from analyzer import intervals as iv
-from analyzer.frames import GPU_KINDS, Trace
-from analyzer.graph import WALLS, TimelineGraph, _no_gc, build_graph
+from moetune.analyzer import intervals as iv
+from moetune.analyzer.frames import GPU_KINDS, Trace
+from moetune.analyzer.graph import WALLS, TimelineGraph, _no_gc, build_graph
 
 DEP_KINDS = ("event_wait", "stream", "sync")
 _ENDS_AT_OP_END = frozenset({"sync", "collective"})  # edges held until the op's end, not start
@@ -86,7 +85,7 @@ def step_windows(trace: Trace, steps: pl.DataFrame | None = None) -> pl.DataFram
     """rank, step, win_start_ns, win_end_ns: the colleague's steps (analyzer/steps.py) when
     given, else found here with `find_steps`."""
     if steps is None:
-        from analyzer.steps import find_steps
+        from moetune.analyzer.steps import find_steps
 
         steps = find_steps(trace.events).table
     if "win_start_ns" not in steps.columns:
@@ -422,10 +421,10 @@ def _ceiling_text(gain: float | None) -> str:
 
 
 def diagnosis_section(trace: Trace, steps: Any, ctx: Any) -> dict[str, dict]:
-    """`analyzer.diagnose.SECTIONS` hook: one graph over the steps' span, built on the
+    """`moetune.analyzer.diagnose.SECTIONS` hook: one graph over the steps' span, built on the
     classified events (same rows, so node ids stay row indices and walls match wall_detail),
     shared by the critical path and blocking; plus the cross-rank section when > 1 rank."""
-    from analyzer.ranks import ranks_section
+    from moetune.analyzer.ranks import ranks_section
 
     table = steps.table if hasattr(steps, "table") else steps
     events = getattr(ctx, "events", None)

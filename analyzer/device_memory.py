@@ -26,8 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-
-from analyzer.frames import MEMORY_SCHEMA, Trace, require
+from moetune.analyzer.frames import MEMORY_SCHEMA, Trace, require
 
 CUDA = 1
 GIB = 2**30
@@ -107,7 +106,7 @@ def memory_section(trace: Trace, steps: pl.DataFrame) -> dict[str, Any]:
 
 
 def diagnosis_section(trace: Trace, steps: Any, ctx: Any) -> dict[str, Any]:
-    """`analyzer.diagnose.SECTIONS` hook."""
+    """`moetune.analyzer.diagnose.SECTIONS` hook."""
     table = steps.table if hasattr(steps, "table") else steps
     return memory_section(trace, table)
 

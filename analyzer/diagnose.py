@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from moetune.analyzer import device_memory
+from moetune.analyzer.classify import KernelClasses, class_table, classify, load_classes
+from moetune.analyzer.critical_path import diagnosis_section
+from moetune.analyzer.frames import GPU_KINDS, Trace
+from moetune.analyzer.observed import gpu_facts, in_windows, observe
+from moetune.analyzer.steps import Steps, find_steps
+from moetune.analyzer.walls import WALL_KEYS, attribute_walls, fractions, median_step, wall_layers
 
-from analyzer import device_memory
-from analyzer.classify import KernelClasses, class_table, classify, load_classes
-from analyzer.critical_path import diagnosis_section
-from analyzer.frames import GPU_KINDS, Trace
-from analyzer.observed import gpu_facts, in_windows, observe
-from analyzer.steps import Steps, find_steps
-from analyzer.walls import WALL_KEYS, attribute_walls, fractions, median_step, wall_layers
 from moetune import __version__
 from moetune.errors import UserError
 
@@ -74,7 +74,7 @@ def diagnose(
     classes: KernelClasses | None = None,
 ) -> dict[str, Any]:
     """Diagnose trace files (one or many ranks) and return the diagnosis document."""
-    from analyzer.readers import expand, load_trace
+    from moetune.analyzer.readers import expand, load_trace
 
     plist = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files = expand(plist)
@@ -335,7 +335,7 @@ def _load_contract(contract: str | Path | dict[str, Any] | None) -> dict[str, An
     """A contract dict, or a YAML/JSON file (read only; validation is `moetune contract check`)."""
     if contract is None or isinstance(contract, dict):
         return contract
-    from analyzer.contract import read_document
+    from moetune.analyzer.contract import read_document
 
     doc = read_document(contract)
     if not isinstance(doc, dict):

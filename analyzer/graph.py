@@ -50,8 +50,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 import polars as pl
-
-from analyzer.frames import GPU_KINDS, Trace, require
+from moetune.analyzer.frames import GPU_KINDS, Trace, require
 
 EDGE_KINDS: tuple[str, ...] = ("launch", "stream", "host", "sync", "event_wait", "collective")
 # Where an edge's source releases its target: "start" or "end" of the source event.
@@ -138,7 +137,7 @@ def wall_of(events: pl.DataFrame) -> pl.Series:
     if "wall" in events.columns:
         wall = events.get_column("wall").cast(pl.String)
     elif {"copy_kind", "bytes", "sync_kind"} <= set(events.columns):
-        from analyzer.classify import classify
+        from moetune.analyzer.classify import classify
 
         wall = classify(events).get_column("wall").cast(pl.String)
     else:
@@ -177,7 +176,7 @@ def build_graph(
                  "correlation"), what="events")
     ev = ev.with_row_index("node").with_columns(pl.col("node").cast(pl.Int64))
     if "rclass" not in ev.columns and {"copy_kind", "bytes", "sync_kind"} <= set(ev.columns):
-        from analyzer.classify import classify
+        from moetune.analyzer.classify import classify
 
         ev = classify(ev)
     # One lazy pass picks the rows: a window is often a small part of a multi-GB trace, and an
@@ -634,7 +633,7 @@ def _offsets(trace: Trace, offsets_ns: dict[int, int] | None) -> dict[int, int]:
         return dict(offsets_ns)
     if trace.events.get_column("rank").n_unique() < 2:
         return {}
-    from analyzer.ranks import align_clocks  # ranks builds on this module
+    from moetune.analyzer.ranks import align_clocks  # ranks builds on this module
 
     return align_clocks(trace).offsets_ns
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from analyzer.contract import SCHEMA_ID, arg_mirrors, benchmark_only_reasons, check_contract
+from moetune.analyzer.contract import SCHEMA_ID, arg_mirrors, benchmark_only_reasons, check_contract
 
 # Launcher prefixes, possibly stacked: torchrun `[default7]: `, srun -l `[lrdn3321:3]: ` or `3: `,
 # torch's `[rank0]:`. Stripped before anything else.

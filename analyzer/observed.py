@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
-
-from analyzer.classify import KernelClasses, with_pg_role
-from analyzer.frames import GPU_KINDS, require
-from analyzer.intervals import END, START, clip, locate, sweep, total, union
+from moetune.analyzer.classify import KernelClasses, with_pg_role
+from moetune.analyzer.frames import GPU_KINDS, require
+from moetune.analyzer.intervals import END, START, clip, locate, sweep, total, union
 
 NS = 1e-9
 

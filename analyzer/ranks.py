@@ -5,7 +5,7 @@ Alignment (offset added to a rank's ts to put it on rank `ref`'s clock, ref = lo
    used when any rank has a non-zero offset.
 2. `collective_end`: the members of one collective finish together (the last arrival releases
    everyone, and the ring completes on all ranks within microseconds), so for every collective
-   instance matched across two ranks (`analyzer.graph.match_collectives`: same group, same index
+   instance matched across two ranks (`moetune.analyzer.graph.match_collectives`: same group, same index
    k) end_ref − end_r estimates the offset; the median over instances is kept. Ranks that share
    no matched collective with an aligned rank stay unaligned (offset 0, listed).
 3. `none`: one rank, or nothing to match.
@@ -25,9 +25,8 @@ import statistics
 from dataclasses import dataclass, field
 
 import polars as pl
-
-from analyzer.frames import Trace
-from analyzer.graph import collective_instances, match_collectives, wall_of
+from moetune.analyzer.frames import Trace
+from moetune.analyzer.graph import collective_instances, match_collectives, wall_of
 
 Z_THRESHOLD = 3.5
 MAD_FLOOR = 0.01
@@ -138,7 +137,7 @@ def ranks_section(trace: Trace, steps: pl.DataFrame | None = None) -> dict[str, 
     """`{"ranks": {...}}` for the diagnosis document (paths read by rules: ranks.count,
     ranks.step_time_s_by_rank, ranks.stragglers, ranks.collective_arrival_skew_s)."""
     if steps is None:
-        from analyzer.steps import find_steps
+        from moetune.analyzer.steps import find_steps
 
         steps = find_steps(trace.events).table
     ranks = trace.events.get_column("rank").drop_nulls().unique().sort().to_list()

@@ -23,9 +23,9 @@ import re
 from dataclasses import dataclass, field
 
 import polars as pl
+from moetune.analyzer.classify import KernelClasses, load_classes
+from moetune.analyzer.frames import CORR_KEY, GPU_KINDS, corr_key, require
 
-from analyzer.classify import KernelClasses, load_classes
-from analyzer.frames import CORR_KEY, GPU_KINDS, corr_key, require
 from moetune.errors import UserError
 
 STEP_COLS = ("rank", "step", "start_ns", "end_ns", "win_start_ns", "win_end_ns")
@@ -163,7 +163,7 @@ def _tile(proj: pl.DataFrame) -> pl.DataFrame:
 
 def _gpu_idle_steps(events: pl.DataFrame, cfg: dict) -> tuple[pl.DataFrame, list[str]]:
     """Split each rank's GPU timeline at long idle gaps; keep segments of typical size."""
-    from analyzer.intervals import union
+    from moetune.analyzer.intervals import union
 
     gpu = events.lazy().filter(pl.col("kind").is_in(GPU_KINDS)).select(
         "rank", pl.col("ts_ns").alias("start_ns"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns")

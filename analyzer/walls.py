@@ -19,10 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-
-from analyzer.classify import KernelClasses, load_classes, match_expr
-from analyzer.frames import CORR_KEY, GPU_KINDS, corr_key, require
-from analyzer.intervals import (
+from moetune.analyzer.classify import KernelClasses, load_classes, match_expr
+from moetune.analyzer.frames import CORR_KEY, GPU_KINDS, corr_key, require
+from moetune.analyzer.intervals import (
     END,
     LAYER,
     START,

@@ -28,8 +28,8 @@ CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-import analyzer.ranks, analyzer.readers.kineto  # imports outside the clock
-from analyzer.diagnose import diagnose
+import moetune.analyzer.ranks, analyzer.readers.kineto  # imports outside the clock
+from moetune.analyzer.diagnose import diagnose
 paths, sections = [Path(sys.argv[2])], (None if sys.argv[4] == "full" else [])
 diagnose(paths, sections=sections)
 times = []
@@ -45,7 +45,7 @@ import collections, json, sys, traceback
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 import polars as pl
-from analyzer.diagnose import diagnose
+from moetune.analyzer.diagnose import diagnose
 paths, sections = [Path(sys.argv[2])], (None if sys.argv[3] == "full" else [])
 diagnose(paths, sections=sections)
 count = collections.Counter()

@@ -24,11 +24,11 @@ import polars as pl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analyzer.critical_path import critical_path_section  # noqa: E402
-from analyzer.frames import Trace  # noqa: E402
-from analyzer.graph import build_graph  # noqa: E402
-from analyzer.readers import load_trace  # noqa: E402
-from analyzer.steps import find_steps  # noqa: E402
+from moetune.analyzer.critical_path import critical_path_section  # noqa: E402
+from moetune.analyzer.frames import Trace  # noqa: E402
+from moetune.analyzer.graph import build_graph  # noqa: E402
+from moetune.analyzer.readers import load_trace  # noqa: E402
+from moetune.analyzer.steps import find_steps  # noqa: E402
 
 DEFAULT = ROOT.parent / "shared/corpus/public/kineto/hta_a100_alltoall_rank3of8.json.gz"
 

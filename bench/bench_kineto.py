@@ -106,8 +106,8 @@ def worker_read(path: Path, repeat: int, gz: Path | None) -> dict[str, Any]:
     """Best of `repeat` reads: `read_kineto` for a file, `load_trace` (ranks' files side by side)
     for a directory."""
     sys.path.insert(0, str(ROOT))
-    from analyzer.readers import load_trace
-    from analyzer.readers.kineto import read_kineto
+    from moetune.analyzer.readers import load_trace
+    from moetune.analyzer.readers.kineto import read_kineto
 
     def read(p: Path, default_rank: int) -> Any:
         return load_trace([p]) if p.is_dir() else read_kineto(p, default_rank=default_rank)
@@ -148,11 +148,11 @@ def worker_diagnose(path: Path, *, core: bool = False) -> dict[str, Any]:
         # Imports excluded from the timing, like HTA's: with the ones `diagnose` makes on first
         # use (the reader, the cross-rank section), which otherwise compile inside the clock
         # where PYTHONDONTWRITEBYTECODE is set (this VM: ~25 ms).
-        import analyzer.ranks
-        import analyzer.readers.kineto  # noqa: F401
-        from analyzer.diagnose import diagnose
+        import moetune.analyzer.ranks
+        import moetune.analyzer.readers.kineto  # noqa: F401
+        from moetune.analyzer.diagnose import diagnose
     except ImportError as exc:
-        return {"error": f"analyzer.diagnose not importable: {exc}"}
+        return {"error": f"moetune.analyzer.diagnose not importable: {exc}"}
     t0 = time.perf_counter()
     try:
         doc = diagnose([path], sections=[] if core else None)

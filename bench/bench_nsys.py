@@ -50,14 +50,14 @@ def worker(stage: str, path: Path, limit_mb: int) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     out: dict = {"stage": stage}
     if stage == "read":
-        from analyzer.readers.nsys import read_nsys
+        from moetune.analyzer.readers.nsys import read_nsys
 
         tr = read_nsys(path, first_rank=0)
         out["events"] = tr.events.height
         out["kernels"] = tr.events.filter(kind="kernel").height
         out["events_mb"] = round(tr.events.estimated_size() / 1e6)
     else:
-        from analyzer.diagnose import diagnose
+        from moetune.analyzer.diagnose import diagnose
 
         # diagnose_core: walls/steps/observed only; diagnose: plus the timeline-graph sections
         doc = diagnose([path], sections=[]) if stage == "diagnose_core" else diagnose([path])

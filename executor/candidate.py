@@ -20,8 +20,9 @@ from typing import Any
 import yaml
 
 from moetune.errors import UserError
+from moetune.resources import data
 
-KNOBS_YAML = Path(__file__).resolve().parents[1] / "rules" / "knobs.yaml"
+KNOBS_YAML = data("moetune.rules", "knobs.yaml")
 
 
 @dataclass(frozen=True, slots=True)

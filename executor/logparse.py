@@ -2,7 +2,7 @@
 
 Reads what real runs print: iteration lines (any subset and order of fields, Megatron and Bridge
 timestamps), memory lines (new `.2f`, old unformatted float, Bridge GB form), validation lines and
-the arguments dump (parsed by `analyzer.megatron_args`). Tolerates launcher prefixes
+the arguments dump (parsed by `moetune.analyzer.megatron_args`). Tolerates launcher prefixes
 (`[default7]: `, `[host:3]: `, `3: `), interleaved ranks, lines cut short and terminal hard
 wraps: a record that does not end with its last field is continued on the next unprefixed line.
 """
@@ -257,7 +257,7 @@ def parse_text(text: str) -> ParsedLog:
 
     failure, failure_line = classify_failure(text)
     try:
-        from analyzer.megatron_args import parse_args_dump
+        from moetune.analyzer.megatron_args import parse_args_dump
 
         args = parse_args_dump(text)
     except ImportError:  # the colleague's parser not installed: frames still useful

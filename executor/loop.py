@@ -20,11 +20,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from executor.candidate import Change, Knob, Launch, apply, diff, parse_change
-from executor.launchers import RunSpec, get_launcher
-from executor.ledger import Ledger
-from executor.logparse import parse_file
-from executor.validate import Policy, Window, audit_change, decide, run_metrics, screen_stats
+from moetune.executor.candidate import Change, Knob, Launch, apply, diff, parse_change
+from moetune.executor.launchers import RunSpec, get_launcher
+from moetune.executor.ledger import Ledger
+from moetune.executor.logparse import parse_file
+from moetune.executor.validate import (
+    Policy,
+    Window,
+    audit_change,
+    decide,
+    run_metrics,
+    screen_stats,
+)
+
 from moetune.errors import UserError
 
 TRAIN_ITERS = Knob("train_iters", type="int", flag="--train-iters")
@@ -78,7 +86,7 @@ def _profile_template(argv: Sequence[str], opts: TuneOptions) -> str | None:
     if opts.profile_args is not None:
         return opts.profile_args or None
     text = " ".join(argv)
-    if "executor.workloads.moe_gpt" in text or "moe_gpt.py" in text:
+    if "moetune.executor.workloads.moe_gpt" in text or "moe_gpt.py" in text:
         return PROFILE_ARGS["moe_gpt"]
     if "pretrain_gpt" in text or "pretrain_mamba" in text:
         return PROFILE_ARGS["megatron"]
@@ -116,7 +124,7 @@ class Runner:
         self.executed += 1
         parsed = parse_file(log_path) if log_path.exists() else None
         if parsed is None:
-            from executor.logparse import parse_text
+            from moetune.executor.logparse import parse_text
 
             parsed = parse_text("")
         metrics = run_metrics(parsed, result, window, expected_iters=iters)
@@ -192,7 +200,7 @@ def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, 
 
 
 def _screen_ok(stats: Mapping[str, Any], pol: Policy) -> bool:
-    from executor.validate import screen_verdict
+    from moetune.executor.validate import screen_verdict
 
     return screen_verdict(stats, pol)[0]
 
@@ -214,9 +222,9 @@ def rules_recommender(traces: list[str], contract: Any, contract_path: Path | No
                       ) -> list[dict[str, Any]]:
     """Diagnose the profile traces and ask the rules engine; [] when either is missing."""
     try:
-        from analyzer.diagnose import diagnose
-        from rules.engine import recommend
-        from rules.load import load_rules
+        from moetune.analyzer.diagnose import diagnose
+        from moetune.rules.engine import recommend
+        from moetune.rules.load import load_rules
     except ImportError as exc:
         log(f"rules engine not available ({exc.name}); using --try candidates only")
         return []
@@ -345,7 +353,7 @@ def _round_contract(contract: Any, accepted: Sequence[Mapping[str, Any]]) -> Any
     (the rules read current knob values there); None when the user gave none."""
     if contract is None:
         return None
-    from analyzer.contract import with_args
+    from moetune.analyzer.contract import with_args
 
     doc = dict(contract)
     for d in accepted:
@@ -386,7 +394,7 @@ def _profile_and_recommend(runner: Runner, rnd: int, base: Launch, tpl: str, con
 
 def _contract_from_log(path: Path) -> Any:
     try:
-        from analyzer.megatron_args import contract_from_log
+        from moetune.analyzer.megatron_args import contract_from_log
 
         return contract_from_log(path.read_text(errors="replace"))
     except (ImportError, OSError, UserError):

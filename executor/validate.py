@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
-
-from executor.flops import num_floating_point_operations
-from executor.launchers.base import RunResult
-from executor.logparse import ParsedLog, steady
+from moetune.executor.flops import num_floating_point_operations
+from moetune.executor.launchers.base import RunResult
+from moetune.executor.logparse import ParsedLog, steady
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,10 +192,10 @@ def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: An
     if not trace_paths:
         return {"verdict": "unavailable", "reason": "no candidate trace"}
     try:
-        from analyzer.audit import audit
-        from analyzer.contract import contract_from_doc, with_args
+        from moetune.analyzer.audit import audit
+        from moetune.analyzer.contract import contract_from_doc, with_args
     except ImportError:
-        return {"verdict": "unavailable", "reason": "analyzer.audit not installed"}
+        return {"verdict": "unavailable", "reason": "moetune.analyzer.audit not installed"}
     try:
         # the candidate's claims: the baseline contract with the changed argument set
         claims = contract_from_doc(with_args(contract if isinstance(contract, Mapping) else None,

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from analyzer import critical_path, device_memory, observed, ranks
+from moetune.analyzer import critical_path, device_memory, observed, ranks
 
 WALL_ORDER = ("compute", "communication", "memory", "host")
 

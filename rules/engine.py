@@ -13,10 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from moetune.rules import expr
+from moetune.rules.expr import MISSING, UNKNOWN
+from moetune.rules.load import WINDOW, Catalog, Knob, Rule, load_catalog
+
 from moetune import __version__
-from rules import expr
-from rules.expr import MISSING, UNKNOWN
-from rules.load import WINDOW, Catalog, Knob, Rule, load_catalog
 
 SCHEMA_ID = "moetune.recommendations/1"
 _CONFIDENCE = {"high": 1.0, "medium": 0.6, "low": 0.3}
@@ -122,7 +123,7 @@ def facts(contract: Mapping[str, Any], catalog: Catalog) -> dict[str, Any]:
 def megatron_args(contract: Mapping[str, Any]) -> dict[str, Any]:
     """`megatron_args` plus the arguments contract sections mirror (analyzer/contract.py)."""
     try:
-        from analyzer.contract import effective_args
+        from moetune.analyzer.contract import effective_args
     except ImportError:  # analyzer absent: explicit arguments only
         return dict(contract.get("megatron_args") or {})
     return effective_args(contract)

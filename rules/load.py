@@ -17,15 +17,15 @@ from typing import Any
 
 import jsonschema
 import yaml
+from moetune.rules import expr
 from referencing import Registry, Resource
 
 from moetune.errors import UserError
-from rules import expr
+from moetune.resources import data
 
-ROOT = Path(__file__).resolve().parents[1]
-SCHEMAS = ROOT / "schemas"
-KNOBS_FILE = Path(__file__).with_name("knobs.yaml")
-CATALOG = Path(__file__).with_name("catalog")
+SCHEMAS = data("moetune.schemas")
+KNOBS_FILE = data("moetune.rules", "knobs.yaml")
+CATALOG = data("moetune.rules", "catalog")
 WALLS = ("compute", "communication", "memory", "host")
 # Pseudo metric: seconds of GPU window analyzed (all steps, all ranks); see rules/engine.py.
 WINDOW = "window_s"

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-
-from analyzer.frames import EVENTS_SCHEMA, RANKS_SCHEMA, Trace, conform
+from moetune.analyzer.frames import EVENTS_SCHEMA, RANKS_SCHEMA, Trace, conform
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from analyzer.audit import (
+from moetune.analyzer.audit import (
     SIGNATURES_PATH,
     AuditRun,
     audit_trace,
@@ -23,9 +22,10 @@ from analyzer.audit import (
     judge,
     load_signatures,
 )
-from analyzer.classify import load_classes
-from analyzer.contract import contract_from_doc
-from analyzer.readers import expand, load_trace
+from moetune.analyzer.classify import load_classes
+from moetune.analyzer.contract import contract_from_doc
+from moetune.analyzer.readers import expand, load_trace
+
 from moetune.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,7 +270,7 @@ def test_graph_scope_contradicted_by_eager_kernels_in_module_ranges(corpus: Path
 
 @pytest.mark.corpus
 def test_audit_can_share_the_callers_diagnosis_pass(corpus: Path) -> None:
-    from analyzer.diagnose import diagnose_trace
+    from moetune.analyzer.diagnose import diagnose_trace
 
     trace, files = trace_of(corpus, QWEN05B)
     contract = contract_from_doc({"megatron_args": {"fp8": "e4m3", "cuda_graph_impl": "local"}})

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from analyzer import intervals as iv
-from analyzer.classify import classify
-from analyzer.critical_path import analyze, critical_path, summary_lines
-from analyzer.frames import EVENTS_SCHEMA, Trace, conform
-from analyzer.graph import build_graph
-from analyzer.readers import load_trace
-from analyzer.steps import find_steps
+from moetune.analyzer import intervals as iv
+from moetune.analyzer.classify import classify
+from moetune.analyzer.critical_path import analyze, critical_path, summary_lines
+from moetune.analyzer.frames import EVENTS_SCHEMA, Trace, conform
+from moetune.analyzer.graph import build_graph
+from moetune.analyzer.readers import load_trace
+from moetune.analyzer.steps import find_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 US = 1_000

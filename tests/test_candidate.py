@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from moetune.executor.candidate import (
+    Launch,
+    apply,
+    current_value,
+    diff,
+    parse_change,
+    split_command,
+)
 
-from executor.candidate import Launch, apply, current_value, diff, parse_change, split_command
 from moetune.errors import UserError
 
 CMD = ("torchrun --nproc-per-node 8 pretrain_gpt.py --micro-batch-size 1 --enable-cuda-graph "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
+from moetune.analyzer.classify import class_table, classify, load_classes
 
-from analyzer.classify import class_table, classify, load_classes
 from moetune.errors import UserError
 from tests.diagnose_synthetic import ev, frame
 
@@ -83,7 +83,7 @@ def test_copies_offload_and_runtime_classes() -> None:
 
 
 def test_real_trace_nccl_counts(corpus) -> None:
-    from analyzer.readers import load_trace
+    from moetune.analyzer.readers import load_trace
 
     ev_ = classify(load_trace([corpus / "public/kineto/hta_a100_2rank_nccl.json.gz"]).events)
     t = {r["kclass"]: r["count"] for r in class_table(ev_).to_dicts()}
@@ -99,7 +99,7 @@ def test_real_trace_nccl_counts(corpus) -> None:
 
 def test_rocm_hip_kernels_are_not_communication(corpus) -> None:
     # HTA classifies every ^hip kernel as COMM; ours must not (trace-formats §4.1).
-    from analyzer.readers import load_trace
+    from moetune.analyzer.readers import load_trace
 
     ev_ = classify(load_trace([corpus / "public/kineto/hta_mi250_minitoy.json.gz"]).events)
     k = ev_.filter(pl.col("kind") == "kernel")
@@ -118,8 +118,7 @@ def test_invalid_yaml_is_a_user_error(tmp_path) -> None:
 def test_shipped_yaml_validates() -> None:
     """load_classes() skips the schema check for the shipped file (import cost): it is made here."""
     import yaml
-
-    from analyzer.classify import CLASSES_PATH, validate_classes
+    from moetune.analyzer.classify import CLASSES_PATH, validate_classes
 
     validate_classes(yaml.safe_load(CLASSES_PATH.read_text()), CLASSES_PATH)
     cl = load_classes()

@@ -11,8 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-
-from analyzer.contract import (
+from moetune.analyzer.contract import (
     SCHEMA_PATH,
     check_contract,
     contract_from_doc,
@@ -20,6 +19,7 @@ from analyzer.contract import (
     effective_args,
     load_contract,
 )
+
 from moetune.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

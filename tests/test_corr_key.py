@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
-
-from analyzer.classify import classify
-from analyzer.frames import corr_key
-from analyzer.readers import load_trace
-from analyzer.steps import assign_steps, find_steps
-from analyzer.walls import host_layers
+from moetune.analyzer.classify import classify
+from moetune.analyzer.frames import corr_key
+from moetune.analyzer.readers import load_trace
+from moetune.analyzer.steps import assign_steps, find_steps
+from moetune.analyzer.walls import host_layers
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "fixtures/traces/gpu_mcore_hostbound/trace.json.gz"

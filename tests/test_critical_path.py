@@ -6,11 +6,15 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from analyzer.critical_path import analyze, critical_path, critical_path_section, summary_lines
-from analyzer.frames import Trace
-from analyzer.graph import build_graph
-from analyzer.readers import load_trace
+from moetune.analyzer.critical_path import (
+    analyze,
+    critical_path,
+    critical_path_section,
+    summary_lines,
+)
+from moetune.analyzer.frames import Trace
+from moetune.analyzer.graph import build_graph
+from moetune.analyzer.readers import load_trace
 
 SYNTH = Path(__file__).resolve().parents[1] / "fixtures/traces/synthetic_critical_path/trace.json"
 BASE_NS = 1_700_000_000_000_000_000
@@ -125,9 +129,8 @@ def test_diagnose_hook_agrees_with_walls() -> None:
     import json
 
     import jsonschema
-
-    from analyzer.critical_path import diagnosis_section
-    from analyzer.diagnose import diagnose
+    from moetune.analyzer.critical_path import diagnosis_section
+    from moetune.analyzer.diagnose import diagnose
 
     doc = diagnose([SYNTH], sections=[("timeline_graph", diagnosis_section)])
     root = Path(__file__).resolve().parents[1]

@@ -11,12 +11,11 @@ from pathlib import Path
 import jsonschema
 import polars as pl
 import pytest
-
-from analyzer.classify import classify
-from analyzer.device_memory import memory_section, peaks, summary_lines
-from analyzer.frames import MEMORY_SCHEMA, Trace
-from analyzer.readers import load_trace
-from analyzer.steps import find_steps
+from moetune.analyzer.classify import classify
+from moetune.analyzer.device_memory import memory_section, peaks, summary_lines
+from moetune.analyzer.frames import MEMORY_SCHEMA, Trace
+from moetune.analyzer.readers import load_trace
+from moetune.analyzer.steps import find_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "schemas" / "diagnosis.schema.json").read_text())
@@ -119,8 +118,8 @@ def test_nsys_driver_allocations_give_reserved_not_allocated() -> None:
     out, checked against the SQLite table itself; allocated is not visible at that level."""
     import sqlite3
 
-    from analyzer.diagnose import diagnose
-    from analyzer.readers.nsys_source import sqlite_file
+    from moetune.analyzer.diagnose import diagnose
+    from moetune.analyzer.readers.nsys_source import sqlite_file
 
     path = ROOT / "fixtures/nsys/h200_mcore_hostbound_node.sqlite.gz"
     with sqlite_file(path) as db:

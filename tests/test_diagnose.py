@@ -7,8 +7,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from moetune.analyzer.diagnose import diagnose, diagnose_trace
 
-from analyzer.diagnose import diagnose, diagnose_trace
 from moetune.errors import UserError
 from tests.diagnose_synthetic import three_steps, trace
 
@@ -152,12 +152,12 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "traces"
 def test_side_by_side_orchestration_equals_the_functions_in_order(rel) -> None:
     """diagnose_trace runs the walls on a helper thread beside the steps and backend facts; the
     same public functions called one after another must give the same document parts."""
-    from analyzer.classify import classify
-    from analyzer.diagnose import _per_step_rows, normalize
-    from analyzer.observed import gpu_facts, observe
-    from analyzer.readers import load_trace
-    from analyzer.steps import find_steps
-    from analyzer.walls import attribute_walls, recompute_launches
+    from moetune.analyzer.classify import classify
+    from moetune.analyzer.diagnose import _per_step_rows, normalize
+    from moetune.analyzer.observed import gpu_facts, observe
+    from moetune.analyzer.readers import load_trace
+    from moetune.analyzer.steps import find_steps
+    from moetune.analyzer.walls import attribute_walls, recompute_launches
 
     path = FIXTURES / rel
     tr = load_trace([path])

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-
-from analyzer.planner.plan import plan_fit, read_contract, request_from_contract
+from moetune.analyzer.planner.plan import plan_fit, read_contract, request_from_contract
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = ROOT / "fixtures" / "contracts"
@@ -112,8 +111,8 @@ def test_missing_model_dimensions_are_a_one_line_user_error(tmp_path):
 
 
 def test_flags_are_spelled_by_the_knob_catalog():
-    from analyzer.planner.plan import megatron_flags, plan_args
-    from rules.load import load_catalog
+    from moetune.analyzer.planner.plan import megatron_flags, plan_args
+    from moetune.rules.load import load_catalog
 
     catalog = load_catalog().knobs
     out = outcome("fit_qwen3_235b_h100.yaml")

@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from analyzer.diagnose import diagnose
+from moetune.analyzer.diagnose import diagnose
 
 GPU = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "traces").glob("gpu_*/truth.json"))
 OBSERVED_KEYS = ("cuda_graph_replay", "fp8_gemm", "grouped_gemm", "dispatcher_backend")

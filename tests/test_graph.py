@@ -10,11 +10,10 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from analyzer.critical_path import critical_path
-from analyzer.frames import EVENTS_SCHEMA, Trace, conform
-from analyzer.graph import build_graph, release_constraint, tolerance_ns
-from analyzer.readers import load_trace
+from moetune.analyzer.critical_path import critical_path
+from moetune.analyzer.frames import EVENTS_SCHEMA, Trace, conform
+from moetune.analyzer.graph import build_graph, release_constraint, tolerance_ns
+from moetune.analyzer.readers import load_trace
 
 SYNTH = Path(__file__).resolve().parents[1] / "fixtures/traces/synthetic_critical_path/trace.json"
 

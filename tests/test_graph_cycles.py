@@ -6,8 +6,7 @@ import networkx as nx
 import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from analyzer.graph import _acyclic, _cycle_span
+from moetune.analyzer.graph import _acyclic, _cycle_span
 
 
 @st.composite

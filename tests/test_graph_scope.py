@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import jsonschema
+import moetune.analyzer.critical_path as cp
 import pytest
-
-import analyzer.critical_path as cp
-from analyzer.diagnose import diagnose
+from moetune.analyzer.diagnose import diagnose
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "schemas" / "diagnosis.schema.json").read_text())

@@ -5,8 +5,7 @@ from __future__ import annotations
 import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from analyzer.intervals import (
+from moetune.analyzer.intervals import (
     clip,
     complement,
     disjoint,
@@ -103,7 +102,7 @@ def test_disjoint_exact_cases() -> None:
 @given(st.lists(st.tuples(st.sampled_from([0, 1, None]), st.one_of(st.none(), st.integers(0, 40)),
                           st.integers(0, 40)), max_size=12))
 def test_disjoint_small_path_agrees_with_the_polars_path(rows: list[tuple]) -> None:
-    import analyzer.intervals as ivm
+    import moetune.analyzer.intervals as ivm
 
     w = pl.DataFrame(rows, schema={"rank": pl.Int64, "a": pl.Int64, "b": pl.Int64}, orient="row")
     cases = [(w, ["rank"]), (w.drop("rank"), [])]

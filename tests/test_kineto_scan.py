@@ -20,9 +20,9 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from moetune.analyzer.frames import Trace
+from moetune.analyzer.readers import kineto as k
 
-from analyzer.frames import Trace
-from analyzer.readers import kineto as k
 from moetune.errors import UserError
 from tests.conftest import CORPUS
 

@@ -8,11 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from rules import expr
-from rules.engine import _Inputs, audit_verdicts, facts, legality, megatron_args, render_flags
-from rules.load import CATALOG as CATALOG_DIR
-from rules.load import Rule, load_catalog
+from moetune.rules import expr
+from moetune.rules.engine import (
+    _Inputs,
+    audit_verdicts,
+    facts,
+    legality,
+    megatron_args,
+    render_flags,
+)
+from moetune.rules.load import CATALOG as CATALOG_DIR
+from moetune.rules.load import Rule, load_catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOWLEDGE = ROOT.parent / "shared" / "docs" / "moe-tuning-knowledge.md"
@@ -88,7 +94,7 @@ def test_flag_drift_section10(knowledge: str) -> None:
 
 
 def test_megatron_argument_names() -> None:
-    from analyzer.contract import known_megatron_args
+    from moetune.analyzer.contract import known_megatron_args
 
     args = {k.name for k in CAT.knobs.values() if k.kind == "arg"}
     assert args - known_megatron_args() <= NEWER_ARGS

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from moetune.executor.launchers import SAFE_ENV, RunSpec, get_launcher
+from moetune.executor.launchers.slurm import sbatch_script
+from moetune.executor.logparse import parse_file
 
-from executor.launchers import SAFE_ENV, RunSpec, get_launcher
-from executor.launchers.slurm import sbatch_script
-from executor.logparse import parse_file
 from moetune.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,12 +63,12 @@ def test_missing_program_is_user_error(tmp_path: Path) -> None:
 
 
 def test_torchrun_command_shape(tmp_path: Path) -> None:
-    spec = RunSpec(argv=("python", "-m", "executor.workloads.moe_gpt", "--train-iters", "2"),
+    spec = RunSpec(argv=("python", "-m", "moetune.executor.workloads.moe_gpt", "--train-iters", "2"),
                    log_path=tmp_path / "l", nproc_per_node=2)
     cmd = get_launcher("torchrun").command(spec)
     assert cmd[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone",
                        "--nproc-per-node", "2"]
-    assert cmd[6:] == ["-m", "executor.workloads.moe_gpt", "--train-iters", "2"]
+    assert cmd[6:] == ["-m", "moetune.executor.workloads.moe_gpt", "--train-iters", "2"]
 
 
 # Megatron-format output without the cost of importing torch in a test
@@ -181,7 +181,7 @@ def test_slurm_without_sbatch_is_user_error(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_nemo_run(tmp_path: Path) -> None:
-    from executor.launchers.nemo_run import available
+    from moetune.executor.launchers.nemo_run import available
 
     if not available():
         with pytest.raises(UserError, match="nemo_run"):

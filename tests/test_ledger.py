@@ -10,8 +10,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from moetune.executor.ledger import Ledger
 
-from executor.ledger import Ledger
 from moetune.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,7 +145,7 @@ def test_by_rule_pools_the_real_h200_ledgers_without_touching_them(tmp_path: Pat
 
 
 def test_by_rule_counts_unmeasured_and_lends_user_tries_their_rule() -> None:
-    from executor.calibration import by_rule
+    from moetune.executor.calibration import by_rule
 
     rows = by_rule([
         {"source": "user (host.x)", "predicted_gain": 0.5, "measured_gain": 1.0, "verdict": "accepted"},

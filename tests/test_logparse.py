@@ -6,9 +6,8 @@ import math
 from pathlib import Path
 
 import pytest
-
-from executor.logparse import parse_file, parse_text, split_prefix, steady
-from executor.workloads import megatron_log as mlog
+from moetune.executor.logparse import parse_file, parse_text, split_prefix, steady
+from moetune.executor.workloads import megatron_log as mlog
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 

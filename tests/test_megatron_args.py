@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from analyzer.contract import check_contract
-from analyzer.megatron_args import (
+from moetune.analyzer.contract import check_contract
+from moetune.analyzer.megatron_args import (
     contract_from_args,
     contract_from_log,
     normalize_args,

@@ -9,12 +9,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from analyzer.readers import load_trace
-from executor.launchers import RunSpec, get_launcher
-from executor.logparse import parse_file
+from moetune.analyzer.readers import load_trace
+from moetune.executor.launchers import RunSpec, get_launcher
+from moetune.executor.logparse import parse_file
 
 ROOT = Path(__file__).resolve().parents[1]
-ARGS = ("python", "-m", "executor.workloads.moe_gpt", "--num-layers", "1", "--hidden-size", "32",
+ARGS = ("python", "-m", "moetune.executor.workloads.moe_gpt", "--num-layers", "1", "--hidden-size", "32",
         "--num-attention-heads", "2", "--num-experts", "4", "--seq-length", "16",
         "--vocab-size", "64", "--expert-model-parallel-size", "2", "--train-iters", "4",
         "--micro-batch-size", "2")

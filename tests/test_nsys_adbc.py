@@ -8,9 +8,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
-from analyzer.readers.nsys import read_nsys
-from analyzer.readers.nsys_db import Db
+from moetune.analyzer.readers.nsys import read_nsys
+from moetune.analyzer.readers.nsys_db import Db
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = sorted((ROOT / "fixtures" / "nsys").glob("*.sqlite.gz"))

@@ -13,13 +13,12 @@ import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from analyzer.classify import classify
-from analyzer.diagnose import diagnose
-from analyzer.frames import GPU_KINDS
-from analyzer.intervals import END, START, clip, disjoint, locate, sweep, union
-from analyzer.readers import load_trace
-from analyzer.steps import find_steps
+from moetune.analyzer.classify import classify
+from moetune.analyzer.diagnose import diagnose
+from moetune.analyzer.frames import GPU_KINDS
+from moetune.analyzer.intervals import END, START, clip, disjoint, locate, sweep, union
+from moetune.analyzer.readers import load_trace
+from moetune.analyzer.steps import find_steps
 
 A100 = "public/kineto/hta_a100_2rank_nccl.json.gz"
 

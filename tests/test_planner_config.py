@@ -13,11 +13,18 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from moetune.analyzer.planner.config import BUILTIN_PATH, SCHEMA_PATH, load_planner_config, merge
+from moetune.analyzer.planner.layouts import pipeline_split
+from moetune.analyzer.planner.memory import (
+    GIB,
+    FitOptions,
+    Layout,
+    Workload,
+    estimate_memory,
+    model_spec,
+)
+from moetune.analyzer.planner.plan import fit_ladder, plan_fit, read_contract, request_from_contract
 
-from analyzer.planner.config import BUILTIN_PATH, SCHEMA_PATH, load_planner_config, merge
-from analyzer.planner.layouts import pipeline_split
-from analyzer.planner.memory import GIB, FitOptions, Layout, Workload, estimate_memory, model_spec
-from analyzer.planner.plan import fit_ladder, plan_fit, read_contract, request_from_contract
 from moetune.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

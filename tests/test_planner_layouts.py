@@ -7,10 +7,14 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from analyzer.planner.layouts import Topology, enumerate_layouts, pipeline_split, topology_problem
-from analyzer.planner.memory import Workload, model_spec
-from analyzer.planner.plan import read_contract
+from moetune.analyzer.planner.layouts import (
+    Topology,
+    enumerate_layouts,
+    pipeline_split,
+    topology_problem,
+)
+from moetune.analyzer.planner.memory import Workload, model_spec
+from moetune.analyzer.planner.plan import read_contract
 
 CONTRACTS = Path(__file__).resolve().parents[1] / "fixtures" / "contracts"
 QWEN30 = model_spec(read_contract(CONTRACTS / "fit_qwen3_30b_h100.yaml")["model"])

@@ -8,9 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
-from analyzer.planner.layouts import pipeline_split
-from analyzer.planner.memory import (
+from moetune.analyzer.planner.layouts import pipeline_split
+from moetune.analyzer.planner.memory import (
     GIB,
     FitOptions,
     Layout,
@@ -23,7 +22,8 @@ from analyzer.planner.memory import (
     parse_moe_layer_freq,
     total_params,
 )
-from analyzer.planner.plan import read_contract
+from moetune.analyzer.planner.plan import read_contract
+
 from moetune.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,17 +6,16 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from analyzer.frames import Trace, concat_traces
-from analyzer.graph import build_graph
-from analyzer.ranks import align_clocks, ranks_section, stragglers, summary_lines
+from moetune.analyzer.frames import Trace, concat_traces
+from moetune.analyzer.graph import build_graph
+from moetune.analyzer.ranks import align_clocks, ranks_section, stragglers, summary_lines
 
 SHIFT = 123_456_789  # ns, rank 1's clock runs this far ahead
 
 
 @pytest.fixture(scope="module")
 def rank0(corpus: Path) -> Trace:
-    from analyzer.readers import load_trace
+    from moetune.analyzer.readers import load_trace
 
     return load_trace([corpus / "public/kineto/hta_a100_2rank_nccl.json.gz"])
 

@@ -14,10 +14,10 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from moetune.analyzer.frames import COMMS_SCHEMA, EVENTS_SCHEMA, FLOWS_SCHEMA, RANKS_SCHEMA, Trace
+from moetune.analyzer.readers import load_trace
+from moetune.analyzer.readers.kineto import read_kineto
 
-from analyzer.frames import COMMS_SCHEMA, EVENTS_SCHEMA, FLOWS_SCHEMA, RANKS_SCHEMA, Trace
-from analyzer.readers import load_trace
-from analyzer.readers.kineto import read_kineto
 from moetune.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -537,7 +537,7 @@ def test_rank_files_read_side_by_side_same_as_one_by_one(
 ) -> None:
     """Several ranks' files are read by a thread pool: the Trace equals the one read with one
     worker, and of two bad files the first in the given order is the error reported."""
-    import analyzer.readers as readers
+    import moetune.analyzer.readers as readers
 
     k = corpus / "public" / "kineto"
     files = [k / "hta_cuda_event_sync.json.gz", k / "hta_cpu_only.json.gz",
@@ -772,7 +772,7 @@ def test_round_trip(tmp_path: Path, rows: list[tuple[str, int, int, int, str]], 
 
 @pytest.fixture
 def python_reader(monkeypatch: pytest.MonkeyPatch) -> None:
-    import analyzer.readers.kineto as k
+    import moetune.analyzer.readers.kineto as k
 
     monkeypatch.setattr(k, "USE_COMPILED", False)
 
@@ -791,7 +791,7 @@ def _whole_and_chunked(path: Path, monkeypatch: pytest.MonkeyPatch,
                        chunk: int | None = None) -> tuple:
     """`path` read by the whole-file typed decode, then by the raw-slice chunked path (`chunk`
     events at a time when given)."""
-    import analyzer.readers.kineto as k
+    import moetune.analyzer.readers.kineto as k
 
     monkeypatch.setattr(k, "RAW_MIN_BYTES", 1 << 40)
     whole = read_kineto(path, default_rank=0)
@@ -849,7 +849,7 @@ def test_in_place_chunks_equal_whole_decode_and_leave_file_intact(
     untouched."""
     import hashlib
 
-    import analyzer.readers.kineto as k
+    import moetune.analyzer.readers.kineto as k
 
     src = corpus / "public" / "kineto" / "hta_a100_2rank_nccl.json.gz"
     path = write(tmp_path, "a100.json", gzip.decompress(src.read_bytes()))
@@ -920,7 +920,7 @@ def test_unused_mistyped_arg_does_not_force_lenient_decode(
 
 def test_gpu_masks_match_categories() -> None:
     """GPU rows are found through the category's kind: the same rows as `cat ∈ GPU_CATS`."""
-    from analyzer.readers.kineto import GPU_CAT_KINDS, GPU_CATS, KIND_OF_CAT
+    from moetune.analyzer.readers.kineto import GPU_CAT_KINDS, GPU_CATS, KIND_OF_CAT
 
     cats = [*KIND_OF_CAT, "ac2g", "Trace", "fwdbwd", "", "KERNEL"]
     assert [c in GPU_CATS for c in cats] == [
@@ -937,7 +937,7 @@ def test_gpu_masks_match_categories() -> None:
 )
 def test_float_column_from_ints_rounds_like_float(values: list[int | None]) -> None:
     """ts/dur ints are built as Int64 then cast: identical to float(v) for every int64."""
-    from analyzer.readers.kineto import _num_series
+    from moetune.analyzer.readers.kineto import _num_series
 
     got = _num_series("ts", values, pl.Float64)
     assert got.dtype == pl.Float64
@@ -945,7 +945,7 @@ def test_float_column_from_ints_rounds_like_float(values: list[int | None]) -> N
 
 
 def test_id_series_fast_and_fallback_paths() -> None:
-    from analyzer.readers.kineto import _id_series
+    from moetune.analyzer.readers.kineto import _id_series
 
     assert _id_series("pid", [1, None, 2**40]).to_list() == [1, None, 2**40]
     odd = [1, "Spans", "stream 7", "", 2.0, 2**70, None, "-3"]
@@ -997,7 +997,7 @@ def test_lean_chunks_equal_full_decode(
 ) -> None:
     """Random mixes of categories, phases and args: lean Structs + second-pass GPU/collective
     args, decoded in place in chunks, give the frames of the full whole-file typed decode."""
-    import analyzer.readers.kineto as k
+    import moetune.analyzer.readers.kineto as k
 
     evs = [
         {"ph": ph, "cat": cat, "name": name, "pid": 1, "tid": 2, "ts": ts, "dur": 3, "id": i}
@@ -1023,7 +1023,7 @@ def test_two_copies_of_the_reader_coexist(tmp_path: Path, monkeypatch: pytest.Mo
     module (importlib.reload, a bench comparing two readers) must not retype the first's."""
     import importlib.util
 
-    import analyzer.readers.kineto as k
+    import moetune.analyzer.readers.kineto as k
 
     spec = importlib.util.spec_from_file_location("kineto_copy", k.__file__)
     assert spec and spec.loader
@@ -1041,7 +1041,7 @@ def test_two_copies_of_the_reader_coexist(tmp_path: Path, monkeypatch: pytest.Mo
 def test_released_pages_read_back_from_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pages of decoded chunks are dropped from the private map; anything touching them again
     (the lenient fallback here, forced by a mistyped event near the end) reads the file's bytes."""
-    from analyzer.readers import kineto as k
+    from moetune.analyzer.readers import kineto as k
 
     evs = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": 10.0 * i,
             "dur": 5.0, "args": {"correlation": i, "stream": 7, "device": 0}} for i in range(3000)]

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from moetune.analyzer.frames import COMMS_SCHEMA, EVENTS_SCHEMA, RANKS_SCHEMA
+from moetune.analyzer.readers import load_trace
+from moetune.analyzer.readers.nsys import GRAPH_MODE_WARNING, read_nsys
 
-from analyzer.frames import COMMS_SCHEMA, EVENTS_SCHEMA, RANKS_SCHEMA
-from analyzer.readers import load_trace
-from analyzer.readers.nsys import GRAPH_MODE_WARNING, read_nsys
 from moetune.errors import UserError
 
 NSYS = "public/nsys"
@@ -451,7 +451,7 @@ def _diagnose_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
 
     import jsonschema
 
-    pytest.importorskip("analyzer.diagnose")
+    pytest.importorskip("moetune.analyzer.diagnose")
     pytest.importorskip("moetune.commands.diagnose")
     from moetune.cli import main
 
@@ -570,7 +570,7 @@ def test_nccl_api_ranges_become_comms_linked_to_their_launch(tmp_path: Path) -> 
 @pytest.mark.corpus
 def test_worker_process_read_equals_serial(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Large exports read their kernel side in a spawned worker; the frames must be identical."""
-    import analyzer.readers.nsys as nsys
+    import moetune.analyzer.readers.nsys as nsys
 
     monkeypatch.setenv("MOETUNE_NSYS_WORKERS", "1")
     serial = _read(corpus, f"{NSYS}/nsysai_2gpu_training_before.sqlite")

@@ -10,11 +10,11 @@ from typing import Any
 
 import jsonschema
 import pytest
+from moetune.rules.docgen import render as render_docs
+from moetune.rules.engine import Options, recommend
+from moetune.rules.load import CATALOG, load_catalog, load_rules
 
 from fixtures.diagnoses import load, names
-from rules.docgen import render as render_docs
-from rules.engine import Options, recommend
-from rules.load import CATALOG, load_catalog, load_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = load_rules()
@@ -96,7 +96,7 @@ def test_starting_rules_covered() -> None:
 
 @pytest.mark.parametrize("name", names())
 def test_fixture_documents_are_valid(name: str) -> None:
-    from analyzer.contract import check_contract
+    from moetune.analyzer.contract import check_contract
 
     s = load(name)
     schema = json.loads((ROOT / "schemas" / "diagnosis.schema.json").read_text())
@@ -145,7 +145,7 @@ def test_dispatcher_bring_up_starts_with_alltoall() -> None:
 
 def test_docs_generated_from_yaml_are_current() -> None:
     text = (ROOT / "docs" / "rules.md").read_text(encoding="utf-8")
-    assert text == render_docs(RULES, CATALOG_KNOBS), "run: python -m rules.docgen"
+    assert text == render_docs(RULES, CATALOG_KNOBS), "run: python -m moetune.rules.docgen"
 
 
 def test_catalog_folder_layout() -> None:
@@ -154,7 +154,7 @@ def test_catalog_folder_layout() -> None:
 
 
 def test_verify_names_an_audited_argument() -> None:
-    from analyzer.audit import load_signatures
+    from moetune.analyzer.audit import load_signatures
 
     audited = load_signatures().keys()
     for rule in RULES.values():

@@ -16,10 +16,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from fixtures.diagnoses import load, names
-from rules import expr
-from rules.engine import (
+from moetune.rules import expr
+from moetune.rules.engine import (
     Options,
     assert_single_change,
     legality,
@@ -27,8 +25,10 @@ from rules.engine import (
     recommend,
     window_s,
 )
-from rules.engine import _Inputs as Inputs
-from rules.load import Rule, load_catalog, load_rules
+from moetune.rules.engine import _Inputs as Inputs
+from moetune.rules.load import Rule, load_catalog, load_rules
+
+from fixtures.diagnoses import load, names
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = load_rules()
@@ -181,8 +181,8 @@ def test_te_not_installed_blocks_te_only_changes_on_a_real_h200_run() -> None:
     """The H200 host-bound Megatron-Core trace with the contract its own log gives (Megatron-Core
     warned that TE is missing): TE graphs / fusions / grouped GEMM are blocked, not proposed with a
     caveat; the larger micro-batch, which needs nothing installed, is what remains."""
-    from analyzer.diagnose import diagnose
-    from analyzer.megatron_args import contract_from_log
+    from moetune.analyzer.diagnose import diagnose
+    from moetune.analyzer.megatron_args import contract_from_log
 
     contract = contract_from_log((ROOT / "fixtures/logs/h200_mcore_no_te_profile.log").read_text())
     trace = ROOT / "fixtures" / "traces" / "gpu_mcore_hostbound" / "trace.json.gz"
@@ -202,8 +202,8 @@ def test_tune_round_one_on_the_h200_doubles_the_micro_batch_again() -> None:
     """Round 1 of the rule-sourced H200 loop (after MBS 1 -> 2 was accepted), replayed from its
     profile trace and log: still host-bound and every other host fix needs TE. The loop ended
     there when the MBS rule applied from MBS 1 only; it now proposes 4 (GBS 8 / DP 1 allows it)."""
-    from analyzer.diagnose import diagnose
-    from analyzer.megatron_args import contract_from_log
+    from moetune.analyzer.diagnose import diagnose
+    from moetune.analyzer.megatron_args import contract_from_log
 
     folder = ROOT / "fixtures" / "traces" / "gpu_tune_mbs2_round1"
     contract = contract_from_log((folder / "train.log").read_text())
@@ -250,7 +250,7 @@ def test_conflicts_block(knob: str, to: Any, args: dict[str, Any], reason: str) 
     contract = {**base, "megatron_args": {**base["megatron_args"], **args}}
     rule = Rule("x.y", {"change": {"knob": knob, "to": to}},
                 expr.parse({"metric": "walls.host", "op": ">", "value": 0}), ROOT / "x.yaml")
-    from rules.engine import audit_verdicts, facts, megatron_args
+    from moetune.rules.engine import audit_verdicts, facts, megatron_args
 
     inp = Inputs({}, contract, megatron_args(contract), audit_verdicts(None),
                  facts(contract, CATALOG), CATALOG)
@@ -304,7 +304,7 @@ def scenarios(draw: st.DrawFn) -> tuple[dict, dict]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_every_recommendation_is_one_legal_change(scenario: tuple[dict, dict]) -> None:
-    from rules.engine import audit_verdicts, facts, knob_value, megatron_args
+    from moetune.rules.engine import audit_verdicts, facts, knob_value, megatron_args
 
     diagnosis, contract = scenario
     doc = recommend(RULES, diagnosis, contract)

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from moetune.rules.load import CATALOG, check_rules, diagnosis_path_ok, load_rules
 
 from moetune.errors import UserError
-from rules.load import CATALOG, check_rules, diagnosis_path_ok, load_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = (CATALOG / "host" / "host.manual-gc.yaml").read_text(encoding="utf-8")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
+from moetune.analyzer.classify import classify
+from moetune.analyzer.steps import assign_steps, find_steps, parse_window
 
-from analyzer.classify import classify
-from analyzer.steps import assign_steps, find_steps, parse_window
 from moetune.errors import UserError
 from tests.diagnose_synthetic import GEMM, ev, frame, launch, three_steps
 
@@ -70,7 +70,7 @@ def test_no_gpu_work_is_a_user_error() -> None:
 
 
 def test_corpus_steps(corpus) -> None:
-    from analyzer.readers import load_trace
+    from moetune.analyzer.readers import load_trace
 
     a100 = find_steps(classify(load_trace([corpus / "public/kineto/hta_a100_2rank_nccl.json.gz"]).events))
     assert (a100.found, a100.dropped, a100.ids) == ([4, 5, 6], [6], [4, 5])

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKLOAD = ("python -m executor.workloads.moe_gpt --num-layers 1 --hidden-size 32 "
+WORKLOAD = ("python -m moetune.executor.workloads.moe_gpt --num-layers 1 --hidden-size 32 "
             "--num-attention-heads 2 --num-experts 4 --seq-length 16 --vocab-size 64 "
             "--micro-batch-size 1 --global-batch-size 16")
 FAST = ["--screen-iters", "6", "--confirm-iters", "8", "--window", "5-8"]
@@ -111,7 +111,7 @@ def test_tune_killed_mid_run_resumes_without_redoing(tmp_path: Path) -> None:
 
 
 def test_candidate_order_round_contract_and_session_id(tmp_path: Path) -> None:
-    from executor.loop import TuneOptions, _round_contract, candidate_changes, session_id
+    from moetune.executor.loop import TuneOptions, _round_contract, candidate_changes, session_id
 
     recs = [{"knob": "cuda_graph_impl", "value": "transformer_engine",
              "with": {"cuda_graph_modules": ["moe_router", "moe_preprocess"]},

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from executor.flops import num_floating_point_operations, tflops_per_gpu
-from executor.launchers.base import RunResult
-from executor.logparse import parse_file, parse_text
-from executor.validate import (
+from moetune.executor.flops import num_floating_point_operations, tflops_per_gpu
+from moetune.executor.launchers.base import RunResult
+from moetune.executor.logparse import parse_file, parse_text
+from moetune.executor.validate import (
     Policy,
     Window,
     decide,
@@ -18,7 +17,7 @@ from executor.validate import (
     screen_stats,
     screen_verdict,
 )
-from executor.workloads import megatron_log as mlog
+from moetune.executor.workloads import megatron_log as mlog
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 OK = RunResult(0, False, 1.0, Path("x.log"))
@@ -115,9 +114,9 @@ def test_audit_change_proves_a_micro_batch_change_on_the_h200_trace() -> None:
     """The tune loop's proof for an MBS step: the candidate's trace (round 1 of the H200 loop,
     MBS 2 / GBS 8) audited against the run's own claims. Setting the knob keeps the contract's
     mirrored section field in step (shape.micro_batch_size), so the contract stays valid."""
-    from analyzer.contract import check_contract, with_args
-    from analyzer.megatron_args import contract_from_log
-    from executor.validate import audit_change
+    from moetune.analyzer.contract import check_contract, with_args
+    from moetune.analyzer.megatron_args import contract_from_log
+    from moetune.executor.validate import audit_change
 
     folder = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "gpu_tune_mbs2_round1"
     contract = contract_from_log((folder / "train.log").read_text())

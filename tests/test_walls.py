@@ -6,11 +6,11 @@ import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from moetune.analyzer.classify import classify
+from moetune.analyzer.intervals import total_ns
+from moetune.analyzer.steps import find_steps
+from moetune.analyzer.walls import attribute_walls, fractions, median_step, recompute_launches
 
-from analyzer.classify import classify
-from analyzer.intervals import total_ns
-from analyzer.steps import find_steps
-from analyzer.walls import attribute_walls, fractions, median_step, recompute_launches
 from tests.diagnose_synthetic import GEMM, NCCL, ev, frame, launch, three_steps
 
 
@@ -107,7 +107,7 @@ def test_wall_properties(ops, shift, rnd) -> None:
 def test_overlapping_window_path_agrees_with_the_per_rank_sweep(ops) -> None:
     """Disjoint windows take one sweep per rank; the per-window path (for overlapping ones)
     must give the same rows on them."""
-    import analyzer.walls as walls
+    import moetune.analyzer.walls as walls
 
     events = classify(frame(random_rows(ops)))
     table = find_steps(events).table
@@ -137,7 +137,7 @@ def _hta_window_breakdown(path):
     """HTA temporal breakdown recomputed with our classes and unions on HTA's own event set:
     GPU events correlated to CPU events that start before the last ProfilerStep, µs-rounded like
     HTA does for ns-precision traces (start ceil, end floor)."""
-    from analyzer.readers import load_trace
+    from moetune.analyzer.readers import load_trace
 
     ev_ = classify(load_trace([path]).events)
     last = ev_.filter((pl.col("kind") == "annotation") & pl.col("name").str.starts_with("ProfilerStep#"))["ts_ns"].max()
@@ -174,7 +174,7 @@ def test_a100_2rank_nccl_steps_vs_hta(corpus) -> None:
     # Our own windows (steps 4–5, GPU-tiled) give compute 76,935 µs vs HTA's 75,169: the 2.3 %
     # residual is HTA's µs rounding (start ceil, end floor) of 2,700 short ns-precision kernels,
     # and idle differs because our steps end at step 6's first GPU op, HTA at step 5's last.
-    from analyzer.readers import load_trace
+    from moetune.analyzer.readers import load_trace
 
     events = classify(load_trace([corpus / "public/kineto/hta_a100_2rank_nccl.json.gz"]).events)
     ps = attribute_walls(events, find_steps(events).table)
@@ -188,7 +188,7 @@ def test_tracelens_oracle_qwen(corpus) -> None:
     # TraceLens gpu_timeline.csv for ProfilerStep#6: total 34.892 ms, busy 31.905, idle 2.987.
     # TraceLens splits busy into computation 31.903 + exposed memcpy 0.002; we count the 168
     # memsets (0.143 ms) as memory, so our compute is 31.760 and memory 0.145 (same busy total).
-    from analyzer.readers import load_trace
+    from moetune.analyzer.readers import load_trace
 
     events = classify(load_trace([corpus / "public/kineto/tracelens_h100_qwen05b_inference.json.gz"]).events)
     r = attribute_walls(events, find_steps(events).table).row(0, named=True)

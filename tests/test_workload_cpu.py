@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from analyzer.readers import load_trace
-from executor.flops import num_floating_point_operations
-from executor.logparse import parse_text
+from moetune.analyzer.readers import load_trace
+from moetune.executor.flops import num_floating_point_operations
+from moetune.executor.logparse import parse_text
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
@@ -22,7 +22,7 @@ TINY = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2"
 
 
 def workload(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "executor.workloads.moe_gpt", *TINY, *args],
+    return subprocess.run([sys.executable, "-m", "moetune.executor.workloads.moe_gpt", *TINY, *args],
                           capture_output=True, text=True, cwd=cwd, timeout=300)
 
 

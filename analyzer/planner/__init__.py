@@ -1,9 +1,9 @@
 """Fit and scale planner: memory model (memory.py), legal Parallel Folding layouts (layouts.py),
 ranked fit plans (plan.py); their assumed numbers in planner.yaml (config.py). See docs/planner.md."""
 
-from analyzer.planner.config import PlannerConfig, load_planner_config
-from analyzer.planner.layouts import Topology, enumerate_layouts
-from analyzer.planner.memory import (
+from moetune.analyzer.planner.config import PlannerConfig, load_planner_config
+from moetune.analyzer.planner.layouts import Topology, enumerate_layouts
+from moetune.analyzer.planner.memory import (
     FitOptions,
     Layout,
     ModelSpec,
@@ -11,7 +11,13 @@ from analyzer.planner.memory import (
     estimate_memory,
     model_spec,
 )
-from analyzer.planner.plan import Outcome, Plan, plan_fit, read_contract, request_from_contract
+from moetune.analyzer.planner.plan import (
+    Outcome,
+    Plan,
+    plan_fit,
+    read_contract,
+    request_from_contract,
+)
 
 __all__ = [
     "FitOptions", "Layout", "ModelSpec", "Outcome", "Plan", "PlannerConfig", "Topology", "Workload",

@@ -15,11 +15,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from moetune.errors import UserError
-from rules.load import line_of, read_yaml  # plain YAML, duplicate keys refused, key lines
+from moetune.rules.load import line_of, read_yaml  # plain YAML, duplicate keys refused, key lines
 
-BUILTIN_PATH = Path(__file__).with_name("planner.yaml")
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "planner.schema.json"
+from moetune.errors import UserError
+from moetune.resources import data, schema
+
+BUILTIN_PATH = data("moetune.analyzer.planner", "planner.yaml")
+SCHEMA_PATH = schema("planner")
 GIB = float(1 << 30)
 
 

@@ -12,8 +12,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from analyzer.planner.config import builtin
-from analyzer.planner.memory import Layout, ModelSpec, Workload
+from moetune.analyzer.planner.config import builtin
+from moetune.analyzer.planner.memory import Layout, ModelSpec, Workload
 
 # id -> the rule as a user reads it (also the vocabulary of `relax`)
 CONSTRAINTS: dict[str, str] = {

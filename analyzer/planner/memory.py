@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from analyzer.planner.config import GIB, PlannerConfig, builtin
+from moetune.analyzer.planner.config import GIB, PlannerConfig, builtin
+
 from moetune.errors import UserError
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",

@@ -18,15 +18,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from analyzer.planner.config import PlannerConfig, builtin
-from analyzer.planner.layouts import (
+from moetune.analyzer.planner.config import PlannerConfig, builtin
+from moetune.analyzer.planner.layouts import (
     CONSTRAINTS,
     Enumeration,
     Topology,
     enumerate_layouts,
     topology_problem,
 )
-from analyzer.planner.memory import (
+from moetune.analyzer.planner.memory import (
     GIB,
     FitOptions,
     Layout,
@@ -37,6 +37,7 @@ from analyzer.planner.memory import (
     model_spec,
     total_params,
 )
+
 from moetune.errors import UserError
 
 SCHEMA_ID = "moetune.fit/1"
@@ -181,7 +182,7 @@ def request_from_contract(doc: Mapping[str, Any], *, gpus: int | None = None,
 
 def read_contract(path: str | Path) -> Mapping[str, Any]:
     """The contract document, validated by the contract module (the one place contracts load)."""
-    from analyzer.contract import load_contract
+    from moetune.analyzer.contract import load_contract
 
     return load_contract(path).raw
 
@@ -423,7 +424,7 @@ def plan_args(plan: Plan) -> list[tuple[str, Any]]:
 def flag_spelling(arg: str) -> str:
     """The knob catalog's flag (rules/knobs.yaml, the one home of spellings); arguments it lacks
     fall back to Megatron's generated form `foo_bar` → `--foo-bar` (seed §1)."""
-    from rules.load import load_catalog
+    from moetune.rules.load import load_catalog
 
     knob = load_catalog().knobs.get(arg)
     if knob is not None and knob.spec.get("flag"):

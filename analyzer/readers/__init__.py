@@ -15,8 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
+from moetune.analyzer.frames import Trace, concat_traces
 
-from analyzer.frames import Trace, concat_traces
 from moetune.errors import UserError
 
 KINETO_SUFFIXES = (".json", ".json.gz")
@@ -134,7 +134,7 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
     kineto = [i for i, fmt in enumerate(formats) if fmt == "kineto"]
     read: dict[int, Trace] = {}
     if kineto:
-        from analyzer.readers.kineto import read_kineto, trim_heap
+        from moetune.analyzer.readers.kineto import read_kineto, trim_heap
 
         # Ranks' files are read side by side: the compiled scanner and polars release the GIL.
         # Each read gets its share of the cores; results are taken in file order, so of the
@@ -149,7 +149,7 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
         trim_heap()  # the reads' freed C memory: to the OS, not kept beside polars' own heap
     for i, fmt in enumerate(formats):
         if fmt != "kineto":
-            from analyzer.readers.nsys import read_nsys
+            from moetune.analyzer.readers.nsys import read_nsys
 
             read[i] = read_nsys(files[i], first_rank=i)
     trace = concat_traces([read[i] for i in range(len(files))])
@@ -163,7 +163,7 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
 def _read_side_by_side(files: list[Path], ranks: list[int], workers: int, threads: int
                        ) -> dict[int, Trace]:
     """Kineto files read by a thread pool, keyed by their default rank, in the given order."""
-    from analyzer.readers.kineto import read_kineto
+    from moetune.analyzer.readers.kineto import read_kineto
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {r: pool.submit(read_kineto, f, default_rank=r, threads=threads)

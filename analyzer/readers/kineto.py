@@ -1,4 +1,4 @@
-"""PyTorch profiler (Kineto) JSON → canonical frames (`analyzer.frames`).
+"""PyTorch profiler (Kineto) JSON → canonical frames (`moetune.analyzer.frames`).
 
 Two readers, one result. The compiled scanner (`_kineto_scan.c`, see "compiled fast path" below)
 reads well-formed files straight into Arrow columns, one thread per part of the event array; it
@@ -41,8 +41,7 @@ from typing import Any
 
 import msgspec
 import polars as pl
-
-from analyzer.frames import (
+from moetune.analyzer.frames import (
     COMMS_SCHEMA,
     EVENTS_SCHEMA,
     FLOWS_SCHEMA,
@@ -52,6 +51,7 @@ from analyzer.frames import (
     Trace,
     conform,
 )
+
 from moetune.errors import UserError
 
 # A JSON scalar as some writer may spell a number (old writers quote numbers; ROCm writes "0x0").
@@ -508,7 +508,7 @@ MEMORY_ARG_FIELDS = ("mem_device_type", "mem_device", "mem_bytes", "total_alloca
 # --------------------------------------------------------------------------- compiled fast path
 
 try:  # built from `_kineto_scan.c` at install; without a C compiler the Python reader does it all
-    from analyzer.readers import _kineto_scan
+    from moetune.analyzer.readers import _kineto_scan
 except ImportError:  # pragma: no cover - exercised by the equality tests' pure-Python runs
     _kineto_scan = None  # type: ignore[assignment]
 
@@ -581,7 +581,7 @@ def _scan_columns(data: bytes | mmap.mmap, threads: int | None = None
     reason it declined the file (a string); or None when it is not built or switched off."""
     if _kineto_scan is None or not USE_COMPILED:
         return None
-    from analyzer.readers import cpu_count
+    from moetune.analyzer.readers import cpu_count
 
     cores = SCAN_THREADS or threads or cpu_count()
     threads = max(1, min(cores, len(data) // SCAN_PART_BYTES))

@@ -28,8 +28,7 @@ import tempfile
 from pathlib import Path
 
 import polars as pl
-
-from analyzer.frames import (
+from moetune.analyzer.frames import (
     COMMS_SCHEMA,
     EVENTS_SCHEMA,
     MEMORY_SCHEMA,
@@ -38,8 +37,9 @@ from analyzer.frames import (
     conform,
     empty,
 )
-from analyzer.readers.nsys_db import NSYS_MARKERS, Db
-from analyzer.readers.nsys_source import sqlite_file
+from moetune.analyzer.readers.nsys_db import NSYS_MARKERS, Db
+from moetune.analyzer.readers.nsys_source import sqlite_file
+
 from moetune.errors import UserError
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -276,13 +276,9 @@ SIDE_FRAMES = ("kernels", "graphs", "memsets", "memcpys")
 
 def _start_side_fetch(db: Db) -> tuple[subprocess.Popen, tempfile.TemporaryDirectory]:
     tmp = tempfile.TemporaryDirectory(prefix="moetune-nsys-", ignore_cleanup_errors=True)
-    root = str(Path(__file__).resolve().parents[2])  # the folder holding analyzer/ and moetune/
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH")) if p
-    )}
-    cmd = [sys.executable, "-m", "analyzer.readers.nsys_worker", str(db.path), str(db.shown),
+    cmd = [sys.executable, "-m", "moetune.analyzer.readers.nsys_worker", str(db.path), str(db.shown),
            tmp.name]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, tmp
 
 

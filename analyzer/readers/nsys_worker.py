@@ -1,6 +1,6 @@
 """Worker process for large nsys exports: read the kernel-side tables, write Arrow IPC files.
 
-Run as `python -m analyzer.readers.nsys_worker DB SHOWN OUT_DIR` by `analyzer.readers.nsys` (a
+Run as `python -m moetune.analyzer.readers.nsys_worker DB SHOWN OUT_DIR` by `moetune.analyzer.readers.nsys` (a
 fresh interpreter, so nothing of the caller's `__main__` is re-executed). Writes one
 `<frame>.arrow` per frame and `notes.json` with the schema notes (missing tables/columns); a
 UserError is written to `error.txt` and exits 2.
@@ -12,8 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from analyzer.readers.nsys import SIDE_FRAMES, _gpu_side
-from analyzer.readers.nsys_db import Db
+from moetune.analyzer.readers.nsys import SIDE_FRAMES, _gpu_side
+from moetune.analyzer.readers.nsys_db import Db
+
 from moetune.errors import UserError
 
 

@@ -11,9 +11,9 @@
 #    allgather dispatcher as --try candidates, then the rules' own.
 W=${W:-/tmp/ep2}; source bench/gpu/env.sh
 python3 -c 'import torch; print("cuda devices", torch.cuda.device_count())' | tee -a "$S"
-BASE="python3 -m executor.workloads.moe_gpt --num-layers 4 --hidden-size 1024 --num-attention-heads 8 --ffn-hidden-size 4096 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 2048 --seq-length 1024 --micro-batch-size 2 --global-batch-size 8 --moe-token-dispatcher-type alltoall --expert-model-parallel-size 2 --moe-grouped-gemm --ddp-bucket-size 4000000 --bf16"
-TR="torchrun --standalone --nproc-per-node 2 -m executor.workloads.moe_gpt"
-ARGS=${BASE#python3 -m executor.workloads.moe_gpt }
+BASE="python3 -m moetune.executor.workloads.moe_gpt --num-layers 4 --hidden-size 1024 --num-attention-heads 8 --ffn-hidden-size 4096 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 2048 --seq-length 1024 --micro-batch-size 2 --global-batch-size 8 --moe-token-dispatcher-type alltoall --expert-model-parallel-size 2 --moe-grouped-gemm --ddp-bucket-size 4000000 --bf16"
+TR="torchrun --standalone --nproc-per-node 2 -m moetune.executor.workloads.moe_gpt"
+ARGS=${BASE#python3 -m moetune.executor.workloads.moe_gpt }
 
 if [ "${EP2_TRACES:-1}" = 1 ]; then
   PROF="--train-iters 8 --profile --profile-step-start 4 --profile-step-end 7 --nvtx-ranges"

@@ -32,7 +32,7 @@ PY
 MISSING=$(cat "$W/missing")
 case " $MISSING " in *" torch "*|*" megatron.core "*) say "cannot run the workload"; exit 3;; esac
 
-WL="python3 -m executor.workloads.moe_gpt"
+WL="python3 -m moetune.executor.workloads.moe_gpt"
 # 0. smoke: Megatron-Core path with Megatron's DDP + optimizer; fall back to fused AdamW, then to
 #    the pure-PyTorch model, so the loop below always has a workload (the log names what ran).
 OPT=""

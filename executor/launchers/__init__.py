@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from executor.launchers.base import SAFE_ENV, Launcher, RunResult, RunSpec, run_env
+from moetune.executor.launchers.base import SAFE_ENV, Launcher, RunResult, RunSpec, run_env
+
 from moetune.errors import UserError
 
 NAMES = ("local", "torchrun", "slurm", "nemo_run")
@@ -10,19 +11,19 @@ NAMES = ("local", "torchrun", "slurm", "nemo_run")
 
 def get_launcher(name: str, **options) -> Launcher:
     if name == "local":
-        from executor.launchers.local import LocalLauncher
+        from moetune.executor.launchers.local import LocalLauncher
 
         return LocalLauncher()
     if name == "torchrun":
-        from executor.launchers.torchrun import TorchrunLauncher
+        from moetune.executor.launchers.torchrun import TorchrunLauncher
 
         return TorchrunLauncher()
     if name == "slurm":
-        from executor.launchers.slurm import SlurmLauncher
+        from moetune.executor.launchers.slurm import SlurmLauncher
 
         return SlurmLauncher(**options)
     if name == "nemo_run":
-        from executor.launchers.nemo_run import NemoRunLauncher
+        from moetune.executor.launchers.nemo_run import NemoRunLauncher
 
         return NemoRunLauncher()
     raise UserError(f"unknown launcher {name!r} (one of {', '.join(NAMES)})")

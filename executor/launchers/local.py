@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from executor.launchers.base import ProcessHandle, RunSpec, run_env
+from moetune.executor.launchers.base import ProcessHandle, RunSpec, run_env
 
 
 class LocalLauncher:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-from executor.launchers.base import ProcessHandle, RunSpec, run_env
+from moetune.executor.launchers.base import ProcessHandle, RunSpec, run_env
+
 from moetune.errors import UserError
 
 _DRIVER = """

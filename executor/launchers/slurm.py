@@ -13,7 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from executor.launchers.base import SAFE_ENV, RunResult, RunSpec
+from moetune.executor.launchers.base import SAFE_ENV, RunResult, RunSpec
+
 from moetune.errors import UserError
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",

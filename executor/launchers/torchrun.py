@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from executor.launchers.base import ProcessHandle, RunSpec, run_env
+from moetune.executor.launchers.base import ProcessHandle, RunSpec, run_env
 
 
 def _script_args(argv: tuple[str, ...]) -> list[str]:

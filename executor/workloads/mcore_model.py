@@ -106,7 +106,7 @@ def build(a: Namespace) -> tuple[Any, Any, Any, str]:
         if a.moe_grouped_gemm and hasattr(torch, "_grouped_mm") and \
                 a.tensor_model_parallel_size == 1:
             # the local spec would silently keep SequentialMLP; put real grouped GEMMs in
-            from executor.workloads.grouped_mlp import TorchGroupedMLP
+            from moetune.executor.workloads.grouped_mlp import TorchGroupedMLP
 
             mlp = spec.submodules.mlp
             moe_subs = mlp.keywords["submodules"] if hasattr(mlp, "keywords") else mlp.submodules

@@ -1,7 +1,7 @@
 """MoE GPT trainer that accepts Megatron-LM flags and prints Megatron-LM's log lines.
 
-    python -m executor.workloads.moe_gpt --num-layers 2 --hidden-size 64 ... [--profile ...]
-    torchrun --nproc-per-node 2 -m executor.workloads.moe_gpt --expert-model-parallel-size 2 ...
+    python -m moetune.executor.workloads.moe_gpt --num-layers 2 --hidden-size 64 ... [--profile ...]
+    torchrun --nproc-per-node 2 -m moetune.executor.workloads.moe_gpt --expert-model-parallel-size 2 ...
 
 On a GPU with megatron-core installed it trains Megatron-Core's `GPTModel` (MoE layers, Megatron's
 DDP, optimizer and schedule). Elsewhere (CPU tests) it trains a pure-PyTorch MoE GPT of the same
@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from executor.workloads import megatron_log as mlog
+from moetune.executor.workloads import megatron_log as mlog
 
 # NVLink multicast / NVLS break on the lent GPU machines; set before torch/NCCL initialise.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -225,8 +225,7 @@ def dump_args(args: argparse.Namespace) -> dict[str, Any]:
 def torch_setup(args: argparse.Namespace, rank: int, world: int, cuda: bool):
     import torch
     import torch.distributed as dist
-
-    from executor.workloads.torch_moe import MoEGPT
+    from moetune.executor.workloads.torch_moe import MoEGPT
 
     if args.tensor_model_parallel_size != 1:
         raise SystemExit("moe_gpt: the pure-PyTorch implementation supports "
@@ -354,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     num_micro = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
 
     if impl == "megatron":
-        from executor.workloads import mcore_model
+        from moetune.executor.workloads import mcore_model
 
         if args.fp8_format and not mcore_model.have_te():
             print("moe_gpt: error: --fp8-format needs Transformer Engine, which is not "
@@ -385,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log("moetune workload: memory lines on CPU report process RSS (MB)")
     log(f"[after megatron is initialized] datetime: {datetime.now():%Y-%m-%d %H:%M:%S.%f} ")
 
-    from executor.flops import num_floating_point_operations
+    from moetune.executor.flops import num_floating_point_operations
 
     flops = num_floating_point_operations(dump_args(args), args.global_batch_size)
     prof = make_profiler(args, rank, cuda)

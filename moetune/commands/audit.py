@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from analyzer.audit import audit, describe_claim
+from moetune.analyzer.audit import audit, describe_claim
 from moetune.errors import GateFailed
 
 MARK = {"confirmed": "confirmed   ", "contradicted": "CONTRADICTED", "unobservable": "unobservable"}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from analyzer.contract import check_contract, read_document
-from analyzer.megatron_args import contract_from_log
+from moetune.analyzer.contract import check_contract, read_document
+from moetune.analyzer.megatron_args import contract_from_log
 from moetune.errors import GateFailed, UserError
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from moetune.errors import UserError
+from moetune.resources import demo_trace
 
-# The lead ships a real GPU trace here; `moetune diagnose` with no PATH reads it.
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "fixtures" / "traces" / "gpu_mcore_hostbound" / "trace.json.gz"
+DEFAULT_TRACE = demo_trace()
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -29,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from analyzer.diagnose import diagnose
+    from moetune.analyzer.diagnose import diagnose
     from moetune.render import render_diagnosis, render_warnings
 
     paths = list(args.paths) or [DEFAULT_TRACE]

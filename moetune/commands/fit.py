@@ -7,8 +7,13 @@ import json
 import sys
 from typing import Any
 
-from analyzer.planner.config import load_planner_config
-from analyzer.planner.plan import plan_fit, read_contract, request_from_contract, to_document
+from moetune.analyzer.planner.config import load_planner_config
+from moetune.analyzer.planner.plan import (
+    plan_fit,
+    read_contract,
+    request_from_contract,
+    to_document,
+)
 from moetune.errors import UserError
 
 

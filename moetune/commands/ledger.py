@@ -26,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.ledger import Ledger
+    from moetune.executor.ledger import Ledger
 
     paths = args.ledger or [DEFAULT_LEDGER]
     doc: dict = {}
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         doc["runs"] = [r for r in doc["runs"] if r["session"] == args.session]
         doc["decisions"] = [d for d in doc["decisions"] if d["session"] == args.session]
     if args.by_rule:
-        from executor.calibration import by_rule
+        from moetune.executor.calibration import by_rule
 
         rows = by_rule(doc["decisions"])
         if args.json:

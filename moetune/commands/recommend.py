@@ -70,7 +70,7 @@ def saved_diagnosis(inputs: list[str]) -> dict[str, Any] | None:
 def validate_diagnosis(doc: dict[str, Any], path: Path) -> None:
     import jsonschema
 
-    from rules.load import schema
+    from moetune.rules.load import schema
 
     err = jsonschema.exceptions.best_match(
         jsonschema.Draft202012Validator(schema("diagnosis")).iter_errors(doc)
@@ -81,8 +81,8 @@ def validate_diagnosis(doc: dict[str, Any], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rules.engine import Options, recommend
-    from rules.load import load_rules
+    from moetune.rules.engine import Options, recommend
+    from moetune.rules.load import load_rules
 
     if args.top is not None and args.top < 1:
         raise UserError("--top must be at least 1")
@@ -112,8 +112,8 @@ def _contract(path: str | None) -> dict[str, Any]:
     """Validated contract as plain data (analyzer/contract.py raises UserError on bad input)."""
     if not path:
         return {}
-    from analyzer.contract import load_contract
-    from rules.engine import thaw
+    from moetune.analyzer.contract import load_contract
+    from moetune.rules.engine import thaw
 
     return thaw(load_contract(path))
 
@@ -129,17 +129,17 @@ def _from_traces(
     inputs: list[str], contract_path: str | None, contract: dict[str, Any]
 ) -> tuple[dict[str, Any], Any]:
     try:
-        from analyzer.diagnose import diagnose_trace
-        from analyzer.readers import expand, load_trace
+        from moetune.analyzer.diagnose import diagnose_trace
+        from moetune.analyzer.readers import expand, load_trace
     except ImportError:
         raise UserError("trace analysis is not available here: pass a saved diagnosis JSON") from None
     files = expand(list(inputs))
     trace = load_trace(list(inputs))
     if not contract_path:
         return diagnose_trace(trace, files=files, contract=contract or None), None
-    from analyzer import diagnose as diag
-    from analyzer.audit import AuditRun
-    from analyzer.contract import load_contract
+    from moetune.analyzer import diagnose as diag
+    from moetune.analyzer.audit import AuditRun
+    from moetune.analyzer.contract import load_contract
 
     # one diagnosis pass serves both: the audit measures its probes as a diagnose section
     run = AuditRun(load_contract(contract_path), trace)

@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from rules.load import load_catalog, load_rules
+    from moetune.rules.load import load_catalog, load_rules
 
     if args.rules_command == "check":
         return _check(Path(args.folder))
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(folder: Path) -> int:
-    from rules.load import check_rules
+    from moetune.rules.load import check_rules
 
     rules, problems = check_rules(folder)
     for p in problems:
@@ -74,7 +74,7 @@ def _check(folder: Path) -> int:
 
 def explain(spec: dict[str, Any], catalog: Any) -> str:
     """ruff-rule-like text: id, title, why, when, fix, gain, risk, verify, example, sources."""
-    from rules.engine import render_bridge, render_flags
+    from moetune.rules.engine import render_bridge, render_flags
 
     change = spec["change"]
     flags: list[str] = []

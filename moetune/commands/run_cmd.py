@@ -20,7 +20,7 @@ DEFAULT_WORKDIR = Path(".moetune") / "runs"
 def add_exec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cmd", metavar="COMMAND",
                    help="training command to tune, e.g. \"torchrun … pretrain_gpt.py …\" "
-                   "(default: the bundled MoE GPT workload, `python -m executor.workloads.moe_gpt`)")
+                   "(default: the bundled MoE GPT workload, `python -m moetune.executor.workloads.moe_gpt`)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment variable for every run (repeatable)")
     p.add_argument("--contract", metavar="FILE", help="measurement contract (YAML/JSON)")
@@ -47,7 +47,7 @@ def add_exec_options(p: argparse.ArgumentParser) -> None:
 
 def base_argv(args: argparse.Namespace) -> list[str]:
     if not args.cmd:
-        return [sys.executable, "-m", "executor.workloads.moe_gpt"]
+        return [sys.executable, "-m", "moetune.executor.workloads.moe_gpt"]
     try:
         argv = shlex.split(args.cmd)
     except ValueError as exc:
@@ -70,7 +70,7 @@ def env_pairs(items: list[str]) -> dict[str, str]:
 def load_contract_doc(path: str | None) -> Any:
     if not path:
         return None
-    from analyzer.contract import load_contract, read_document
+    from moetune.analyzer.contract import load_contract, read_document
 
     load_contract(path)  # validates; raises UserError naming the field
     return read_document(path)
@@ -78,8 +78,8 @@ def load_contract_doc(path: str | None) -> Any:
 
 def tune_options(args: argparse.Namespace, *, budget: int = 1, tries: tuple[str, ...] = (),
                  use_rules: bool = False):
-    from executor.loop import TuneOptions
-    from executor.validate import Policy, Window
+    from moetune.executor.loop import TuneOptions
+    from moetune.executor.validate import Policy, Window
 
     if args.repeats < 3:
         raise UserError("--repeats must be at least 3 (A B A B A B)")
@@ -113,7 +113,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.loop import run_one
+    from moetune.executor.loop import run_one
 
     opts = tune_options(args)
     res = run_one(base_argv(args), args.change, env=env_pairs(args.env),

@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from executor.loop import tune
+    from moetune.executor.loop import tune
 
     opts = tune_options(args, budget=args.budget, tries=tuple(args.tries),
                         use_rules=not args.no_rules)
