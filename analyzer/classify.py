@@ -20,12 +20,12 @@ from moetune.analyzer.frames import EVENTS_SCHEMA, require
 
 from moetune.errors import UserError
 from moetune.resources import data, schema
+from moetune.vocabulary import WALLS
 
 CLASSES_PATH = data("moetune.analyzer", "kernel_classes.yaml")
 SCHEMA_PATH = schema("kernel_classes")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 10× faster when present
 
-WALLS: tuple[str, ...] = ("compute", "communication", "memory", "host")
 WALL = pl.Enum(list(WALLS))
 RCLASSES: tuple[str, ...] = (
     "launch",

@@ -41,7 +41,9 @@ from typing import Any, NamedTuple
 import polars as pl
 from moetune.analyzer import intervals as iv
 from moetune.analyzer.frames import GPU_KINDS, Trace
-from moetune.analyzer.graph import WALLS, TimelineGraph, _no_gc, build_graph
+from moetune.analyzer.graph import TimelineGraph, _no_gc, build_graph
+
+from moetune.vocabulary import WALLS
 
 DEP_KINDS = ("event_wait", "stream", "sync")
 _ENDS_AT_OP_END = frozenset({"sync", "collective"})  # edges held until the op's end, not start

@@ -28,10 +28,11 @@ from moetune.analyzer.critical_path import diagnosis_section
 from moetune.analyzer.frames import GPU_KINDS, Trace
 from moetune.analyzer.observed import gpu_facts, in_windows, observe
 from moetune.analyzer.steps import Steps, find_steps
-from moetune.analyzer.walls import WALL_KEYS, attribute_walls, fractions, median_step, wall_layers
+from moetune.analyzer.walls import attribute_walls, fractions, median_step, wall_layers
 
 from moetune import __version__
 from moetune.errors import UserError
+from moetune.vocabulary import WALLS
 
 SCHEMA_ID = "moetune.diagnosis/1"
 NS = 1e-9
@@ -162,7 +163,7 @@ def _summary(med: pl.DataFrame) -> dict[str, Any]:
     def mean(f: Callable[[dict[str, Any]], float]) -> float:
         return sum(f(r) for r in rows) / n
 
-    walls = {k: mean(lambda r, k=k: fractions(r)[k]) for k in WALL_KEYS}
+    walls = {k: mean(lambda r, k=k: fractions(r)[k]) for k in WALLS}
     total = sum(walls.values())
     assert abs(total - 1) <= 0.01, f"wall fractions sum to {total}"
     s = lambda col: mean(lambda r: r[col] * NS)  # noqa: E731
@@ -182,7 +183,7 @@ def _summary(med: pl.DataFrame) -> dict[str, Any]:
         },
         "host": {"busy_s": s("idle_ns"), "exposed_s": s("idle_ns"), "hidden_s": 0.0},
     }
-    for k in WALL_KEYS:
+    for k in WALLS:
         detail[k]["share"] = walls[k]
     idle = s("idle_ns")
     host = {
@@ -195,7 +196,7 @@ def _summary(med: pl.DataFrame) -> dict[str, Any]:
         "launches_per_step": mean(lambda r: float(r["launches"])),
         "median_kernel_us": mean(lambda r: float(r["median_kernel_ns"] or 0) / 1000),
     }
-    dominant = max(WALL_KEYS, key=lambda k: (walls[k], -WALL_KEYS.index(k)))
+    dominant = max(WALLS, key=lambda k: (walls[k], -WALLS.index(k)))
     return {
         "step_time_s": s("wall_ns"),
         "walls": walls,
@@ -355,6 +356,6 @@ def normalize(obj: Any) -> Any:
 def _round_field(key: str, v: Any) -> Any:
     if isinstance(v, float):
         return round(v, SECONDS_DIGITS if key.endswith(("_s", "_us")) else FRACTION_DIGITS + 2)
-    if isinstance(v, dict) and set(v) == set(WALL_KEYS) and not key.endswith("_s"):
+    if isinstance(v, dict) and set(v) == set(WALLS) and not key.endswith("_s"):
         return {k: round(x, FRACTION_DIGITS) if isinstance(x, float) else x for k, x in v.items()}
     return v

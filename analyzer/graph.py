@@ -71,7 +71,6 @@ CONSTRAINS: dict[str, str] = {
     "event_wait": "start",
     "collective": "end",
 }
-WALLS: tuple[str, ...] = ("compute", "communication", "memory", "host")
 
 TOLERANCE_NS = 2_000  # clock rounding: Kineto µs traces, writer's −1/+2 ns annotation shifts
 # A sync edge compares a GPU end with a host end: CPU/GPU clock skew adds to rounding. nsys 2026.2

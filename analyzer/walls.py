@@ -34,8 +34,10 @@ from moetune.analyzer.intervals import (
     union,
 )
 
+from moetune.vocabulary import WALLS
+
 BY = ["rank", "step"]
-WALL_KEYS = ("compute", "communication", "memory", "host")
+
 SUM_TOLERANCE = 0.01
 
 
@@ -272,7 +274,7 @@ def fractions(row: dict[str, Any]) -> dict[str, float]:
     """Wall fractions of one per-step row (exposed times / window)."""
     w = row["wall_ns"] or 0
     if w <= 0:
-        return dict.fromkeys(WALL_KEYS, 0.0)
+        return dict.fromkeys(WALLS, 0.0)
     return {
         "compute": (row["compute_exposed_ns"]) / w,
         "communication": row["comm_exposed_ns"] / w,

@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from moetune.rules import expr
 from moetune.rules.engine import render_bridge, render_flags
 from moetune.rules.load import Catalog, Rule, load_catalog, load_rules
+
+from moetune import conditions as expr
 
 DOC = Path("docs") / "rules.md"  # run from the repository root
 

@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from moetune.rules import expr
-from moetune.rules.expr import MISSING, UNKNOWN
 from moetune.rules.load import WINDOW, Catalog, Knob, Rule, load_catalog
 
 from moetune import __version__
+from moetune import conditions as expr
+from moetune.conditions import MISSING, UNKNOWN
 
 SCHEMA_ID = "moetune.recommendations/1"
 _CONFIDENCE = {"high": 1.0, "medium": 0.6, "low": 0.3}

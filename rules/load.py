@@ -16,17 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
-from moetune.rules import expr
 from referencing import Registry, Resource
 
+from moetune import conditions as expr
 from moetune.errors import UserError
 from moetune.resources import data
+from moetune.vocabulary import WALLS
+from moetune.yamlio import line_of, read_yaml
 
 SCHEMAS = data("moetune.schemas")
 KNOBS_FILE = data("moetune.rules", "knobs.yaml")
 CATALOG = data("moetune.rules", "catalog")
-WALLS = ("compute", "communication", "memory", "host")
 # Pseudo metric: seconds of GPU window analyzed (all steps, all ranks); see rules/engine.py.
 WINDOW = "window_s"
 
@@ -50,9 +50,6 @@ _CONTRACT_SECTIONS = (
     "schema", "label", "model", "hardware", "versions", "data", "routing", "precision", "shape",
     "parallelism", "cuda_graphs", "training", "window", "env", "megatron_args",
 )
-_PLAIN_TAGS = {
-    "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "seq", "map")
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,61 +111,6 @@ class Rule:
     @property
     def knob(self) -> str:
         return self.spec["change"]["knob"]
-
-
-# ----------------------------------------------------------------------------- YAML
-
-
-def read_yaml(path: Path) -> tuple[Any, dict[tuple, int]]:
-    """Safe-load one YAML document; return it with a map from key path to 1-based line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read: {exc}", path=path) from None
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            raise UserError("empty YAML document", path=path)
-        lines: dict[tuple, int] = {}
-        _check_nodes(node, (), lines, path)
-        data = loader.construct_document(node)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise UserError(f"{where}: invalid YAML: {problem}") from None
-    finally:
-        loader.dispose()
-    return data, lines
-
-
-def _check_nodes(node: yaml.Node, at: tuple, lines: dict[tuple, int], path: Path) -> None:
-    lines.setdefault(at, node.start_mark.line + 1)
-    if node.tag not in _PLAIN_TAGS:
-        raise UserError(
-            f"{path}:{node.start_mark.line + 1}: tag {node.tag!r} not allowed (plain YAML only)"
-        )
-    if isinstance(node, yaml.MappingNode):
-        seen: set[Any] = set()
-        for k, v in node.value:
-            key = k.value
-            if key in seen:
-                raise UserError(f"{path}:{k.start_mark.line + 1}: duplicate key {key!r}")
-            seen.add(key)
-            lines[(*at, key)] = k.start_mark.line + 1
-            _check_nodes(v, (*at, key), lines, path)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            _check_nodes(v, (*at, i), lines, path)
-
-
-def line_of(lines: Mapping[tuple, int], at: Iterable[Any]) -> int | None:
-    """Line of the deepest known prefix of `at`."""
-    key = tuple(at)
-    while key not in lines and key:
-        key = key[:-1]
-    return lines.get(key)
 
 
 # ----------------------------------------------------------------------------- schemas

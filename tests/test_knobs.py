@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moetune.rules import expr
 from moetune.rules.engine import (
     _Inputs,
     audit_verdicts,
@@ -19,6 +18,8 @@ from moetune.rules.engine import (
 )
 from moetune.rules.load import CATALOG as CATALOG_DIR
 from moetune.rules.load import Rule, load_catalog
+
+from moetune import conditions as expr
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOWLEDGE = ROOT.parent / "shared" / "docs" / "moe-tuning-knowledge.md"

@@ -16,7 +16,6 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from moetune.rules import expr
 from moetune.rules.engine import (
     Options,
     assert_single_change,
@@ -29,6 +28,7 @@ from moetune.rules.engine import _Inputs as Inputs
 from moetune.rules.load import Rule, load_catalog, load_rules
 
 from fixtures.diagnoses import load, names
+from moetune import conditions as expr
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = load_rules()

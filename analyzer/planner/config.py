@@ -15,10 +15,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from moetune.rules.load import line_of, read_yaml  # plain YAML, duplicate keys refused, key lines
-
 from moetune.errors import UserError
 from moetune.resources import data, schema
+from moetune.yamlio import line_of, read_yaml
 
 BUILTIN_PATH = data("moetune.analyzer.planner", "planner.yaml")
 SCHEMA_PATH = schema("planner")
