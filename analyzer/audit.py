@@ -12,7 +12,8 @@ fail to replay, `moe_grouped_gemm` on the local spec still builds per-expert GEM
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -20,15 +21,15 @@ from typing import Any
 
 import jsonschema
 import polars as pl
-import yaml
 from moetune.analyzer.classify import KernelClasses, load_classes, match_expr, with_pg_role
 from moetune.analyzer.contract import MISSING, Contract, load_contract, lookup
 from moetune.analyzer.frames import GPU_KINDS, Trace
 from moetune.analyzer.intervals import END, START, intersect, total_ns, union
 
-from moetune import __version__
+from moetune import __version__, conditions
 from moetune.errors import UserError
 from moetune.resources import data, schema
+from moetune.yamlio import line_of, read_yaml
 
 SIGNATURES_PATH = data("moetune.rules", "signatures.yaml")
 SIGNATURES_SCHEMA = schema("signatures")
@@ -62,52 +63,110 @@ def load_signatures(path: str | Path | None = None, *, classes: KernelClasses | 
 
 @cache
 def _load(path: str, known: frozenset[str]) -> Signatures:
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise UserError(f"cannot read signatures: {exc}", path=path) from None
+    doc, lines = read_yaml(Path(path))
+
+    def fail(at: Sequence[Any], message: str) -> UserError:
+        line = line_of(lines, at)
+        return UserError(f"{path}:{line}: {message}" if line else f"{path}: {message}")
+
     schema = json.loads(SIGNATURES_SCHEMA.read_text())
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: e.path)
     if errors:
-        e = errors[0]
-        where = "/".join(str(p) for p in e.absolute_path) or "(top)"
-        raise UserError(f"invalid signatures at {where}: {e.message}", path=path)
+        at, message = _schema_problem(doc, list(errors[0].absolute_path), errors[0].message)
+        raise fail(at, f"invalid signatures at {'/'.join(map(str, at)) or '(top)'}: {message}")
     observed = set(json.loads(DIAGNOSIS_SCHEMA.read_text())["properties"]["observed"]["properties"])
     ids: set[str] = set()
-    for sig in doc["signatures"]:
+    for i, sig in enumerate(doc["signatures"]):
+        here = ("signatures", i)
         if sig["id"] in ids:
-            raise UserError(f"duplicate signature id {sig['id']}", path=path)
+            raise fail((*here, "id"), f"duplicate signature id {sig['id']}")
         ids.add(sig["id"])
-        for probe in (sig.get("probes") or {}).values():
+        probes = sig.get("probes") or {}
+        for name, probe in probes.items():
             spec = next(iter(probe.values()))
             for c in spec.get("classes", []) if isinstance(spec, dict) else []:
                 if not _known_class(c, known):
-                    raise UserError(f"signature {sig['id']}: unknown kernel class {c}", path=path)
-        for c in sig.get("examples", []):
+                    raise fail((*here, "probes", name), f"signature {sig['id']}: unknown kernel class {c}")
+        for j, c in enumerate(sig.get("examples", [])):
             if c != "graph" and not _known_class(c, known):
-                raise UserError(f"signature {sig['id']}: unknown kernel class {c}", path=path)
-        for p in _paths(sig):
+                raise fail((*here, "examples", j), f"signature {sig['id']}: unknown kernel class {c}")
+        for at, raw in _conditions(sig, here):
+            try:
+                _parse(raw, at)
+            except conditions.ExprError as exc:
+                raise fail(exc.where, f"signature {sig['id']}: {exc}") from None
+        for at, p in _paths(sig, here):
             head, _, rest = p.partition(".")
             if head == "observed" and rest.split(".")[0] not in observed:
-                raise UserError(f"signature {sig['id']}: {p} is not an observed field", path=path)
-            if head == "probe" and rest.split(".")[0] not in (sig.get("probes") or {}):
-                raise UserError(f"signature {sig['id']}: {p} names an undeclared probe", path=path)
+                raise fail(at, f"signature {sig['id']}: {p} is not an observed field")
+            if head == "probe" and rest.split(".")[0] not in probes:
+                raise fail(at, f"signature {sig['id']}: {p} names an undeclared probe")
     return Signatures(items=tuple(doc["signatures"]), source=Path(path).name)
 
 
-def _paths(sig: Mapping[str, Any]) -> list[str]:
-    out = list(sig.get("show", []))
+def _schema_problem(doc: Any, at: list[Any], message: str) -> tuple[tuple[Any, ...], str]:
+    """Where a schema error lies and what it says; inside a condition, the condition parser's
+    word (jsonschema's `oneOf` message prints the whole subtree and names no culprit)."""
+    root = None
+    if len(at) > 2 and at[2] in ("ran_when", "not_ran_when"):
+        root = tuple(at[:3])
+    elif len(at) > 4 and at[2] == "unobservable" and at[4] == "when":
+        root = tuple(at[:5])
+    if root is None:
+        return tuple(at), message
+    node = doc
+    for part in root:
+        node = node[part]
+    try:
+        _parse(node, root)
+    except conditions.ExprError as exc:
+        return tuple(exc.where), str(exc)
+    for leaf_at, leaf in _leaves(node, root):
+        if not re.match(_FACT_PATH, str(leaf["fact"])):
+            return (*leaf_at, "fact"), f"{leaf['fact']!r} is not a fact path ({_FACT_HELP})"
+    return tuple(at), message
 
-    def walk(c: Mapping[str, Any]) -> None:
-        if "path" in c:
-            out.append(c["path"])
-        for sub in c.get("all", []) + c.get("any", []):
-            walk(sub)
-        if "not" in c:
-            walk(c["not"])
 
-    for c in [sig["ran_when"], sig["not_ran_when"], *(u["when"] for u in sig.get("unobservable", []))]:
-        walk(c)
+_FACT_PATH = r"^(observed|evidence|probe|claims|trace)(\.[A-Za-z0-9_]+)+$"  # signatures.schema.json
+_FACT_HELP = "observed.*, evidence.*, probe.<name>.*, claims.<argument> or trace.*"
+
+
+def _conditions(sig: Mapping[str, Any], here: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(where, raw condition) for every condition of a signature, in judging order."""
+    for j, u in enumerate(sig.get("unobservable", [])):
+        yield (*here, "unobservable", j, "when"), u["when"]
+    yield (*here, "ran_when"), sig["ran_when"]
+    yield (*here, "not_ran_when"), sig["not_ran_when"]
+
+
+def _parse(raw: Any, where: tuple[Any, ...]) -> conditions.Condition:
+    """A signature condition in the condition language (moetune.conditions); its predicates read
+    audit facts only (`fact:`), the one source the audit resolves."""
+    cond = conditions.parse(raw, where)
+    for leaf_at, leaf in _leaves(raw, where):
+        if "fact" not in leaf:
+            raise conditions.ExprError("a signature predicate reads `fact:` (an audit fact path)", leaf_at)
+    return cond
+
+
+def _leaves(raw: Any, at: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], Mapping[str, Any]]]:
+    """(where, raw predicate) for every leaf of a raw condition, in document order."""
+    for kind in ("all", "any"):
+        if kind in raw:
+            for i, c in enumerate(raw[kind]):
+                yield from _leaves(c, (*at, kind, i))
+            return
+    if "not" in raw:
+        yield from _leaves(raw["not"], (*at, "not"))
+        return
+    yield at, raw
+
+
+def _paths(sig: Mapping[str, Any], here: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], str]]:
+    """(where, fact path) for every `show` entry and every predicate of a signature."""
+    out = [((*here, "show", j), p) for j, p in enumerate(sig.get("show", []))]
+    for at, raw in _conditions(sig, here):
+        out += [((*leaf_at, "fact"), leaf["fact"]) for leaf_at, leaf in _leaves(raw, at)]
     return out
 
 
@@ -145,46 +204,33 @@ def claim_of(sig: Mapping[str, Any], claims: Mapping[str, Any]) -> tuple[str, di
     return None
 
 
-_OPS: dict[str, Callable[[Any, Any], bool]] = {
-    "eq": lambda a, b: a == b,
-    "ne": lambda a, b: a != b,
-    "gt": lambda a, b: a > b,
-    "ge": lambda a, b: a >= b,
-    "lt": lambda a, b: a < b,
-    "le": lambda a, b: a <= b,
-    "in": lambda a, b: a in b,
-}
+def _resolver(facts: Mapping[str, Any]) -> conditions.Resolver:
+    """Fact paths (`observed.*`, `evidence.*`, `probe.*`, `claims.*`, `trace.*`) into `facts`; a
+    path the facts lack is missing, so a predicate on it is unknown."""
+
+    def resolve(source: str, path: str) -> Any:
+        if source != "fact":  # the loader admits no other source
+            raise AssertionError(source)
+        value = lookup(facts, path)
+        return conditions.MISSING if value is MISSING else value
+
+    return resolve
 
 
-def holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
-    """Evaluate a signature condition; a leaf on a missing (or null, for ordering ops) fact is false."""
-    if "all" in cond:
-        return all(holds(c, facts) for c in cond["all"])
-    if "any" in cond:
-        return any(holds(c, facts) for c in cond["any"])
-    if "not" in cond:
-        return not holds(cond["not"], facts)
-    value = lookup(facts, cond["path"])
-    op = cond["op"]
-    if op == "exists":
-        return value is not MISSING
-    if op == "missing":
-        return value is MISSING
-    if value is MISSING or (value is None and op not in ("eq", "ne")):
-        return False
-    try:
-        return bool(_OPS[op](value, cond.get("value")))
-    except TypeError:  # e.g. a string compared with a number: the claim cannot be judged this way
-        return False
+def _holds(raw: Mapping[str, Any], resolve: conditions.Resolver) -> bool:
+    """A condition holds only when it is true: unknown (a fact it needs is missing, a null that
+    cannot be ordered, a string compared with a number) is no evidence, so it does not hold."""
+    return conditions.evaluate(_parse(raw, ()), resolve)[0] is True
 
 
 def judge(sig: Mapping[str, Any], expects: str, facts: Mapping[str, Any]) -> tuple[str, str]:
     """(verdict, reason) for one signature over the facts."""
+    resolve = _resolver(facts)
     for u in sig.get("unobservable", []):
-        if holds(u["when"], facts):
+        if _holds(u["when"], resolve):
             return "unobservable", u["reason"]
-    ran = holds(sig["ran_when"], facts)
-    not_ran = not ran and holds(sig["not_ran_when"], facts)
+    ran = _holds(sig["ran_when"], resolve)
+    not_ran = not ran and _holds(sig["not_ran_when"], resolve)
     if expects == "ran":
         if ran:
             return "confirmed", f"ran: {sig['proves_ran']}"
@@ -558,6 +604,8 @@ def audit_trace(
     classes: KernelClasses | None = None,
 ) -> dict[str, Any]:
     """The audit document (schemas/audit.schema.json) for a contract and an already-read trace."""
+    # On use, not at import: the CLI imports this module for its parser at every start-up, and the
+    # diagnosis brings networkx and the timeline graph (about 0.5 s).
     from moetune.analyzer.diagnose import diagnose_trace
 
     run = AuditRun(contract, trace, signatures=signatures, classes=classes)
@@ -587,7 +635,7 @@ def audit(
     signatures: Signatures | None = None,
 ) -> dict[str, Any]:
     """Read the contract and the trace files, audit every claim; see `audit_trace`."""
-    from moetune.analyzer.readers import expand, load_trace
+    from moetune.analyzer.readers import expand, load_trace  # on use, as diagnose above
 
     con = contract if isinstance(contract, Contract) else load_contract(contract)
     files = expand(list(traces))

@@ -22,7 +22,9 @@ import jsonschema
 import yaml
 from referencing import Registry, Resource
 
+from moetune import knobs
 from moetune.errors import UserError
+from moetune.knobs import normalize_args
 from moetune.resources import schema
 
 SCHEMA_PATH = schema("contract")
@@ -80,8 +82,6 @@ class Contract:
         """Megatron arguments the contract asserts, current names only: `megatron_args` first, then
         section fields that mirror an argument (`parallelism.ep` -> `expert_model_parallel_size`)
         where the args are silent; deprecated names mapped (`moe_enable_deepep` -> flex + deepep)."""
-        from moetune.analyzer.megatron_args import normalize_args  # imports this module
-
         return MappingProxyType(normalize_args(effective_args(self.raw))[0])
 
 
@@ -226,22 +226,20 @@ def check_contract(doc: Any, *, strict: bool = False) -> list[Problem]:
 
 
 def _deprecated_problems(margs: Mapping[str, Any]) -> list[Problem]:
-    from moetune.analyzer.megatron_args import RENAMED, SWITCHES  # imports this module
-
-    out = [
-        Problem(f"megatron_args.{k}", f"deprecated name; read as {RENAMED[k]}", "warning")
-        for k in margs
-        if k in RENAMED
-    ]
-    out += [
-        Problem(
-            f"megatron_args.{k}",
-            "deprecated switch; read as " + ", ".join(f"{a}={v}" for a, v in SWITCHES[k].items()),
-            "warning",
-        )
-        for k in margs
-        if k in SWITCHES and margs[k] is True
-    ]
+    """Old argument names (the knob catalog's `deprecated` spellings): read as current ones."""
+    deprecated = knobs.load().deprecated
+    out = []
+    for k, value in margs.items():
+        old = deprecated.get(k)
+        if old is None:
+            continue
+        if old.renamed_to:
+            out.append(Problem(f"megatron_args.{k}", f"deprecated name; read as {old.renamed_to}",
+                               "warning"))
+        elif value is True:
+            read_as = ", ".join(f"{a}={v}" for a, v in old.sets.items())
+            out.append(Problem(f"megatron_args.{k}", f"deprecated switch; read as {read_as}",
+                               "warning"))
     return out
 
 

@@ -42,6 +42,8 @@ import polars as pl
 from moetune.analyzer import intervals as iv
 from moetune.analyzer.frames import GPU_KINDS, Trace
 from moetune.analyzer.graph import TimelineGraph, _no_gc, build_graph
+from moetune.analyzer.ranks import ranks_section
+from moetune.analyzer.steps import find_steps
 
 from moetune.vocabulary import WALLS
 
@@ -87,8 +89,6 @@ def step_windows(trace: Trace, steps: pl.DataFrame | None = None) -> pl.DataFram
     """rank, step, win_start_ns, win_end_ns: the colleague's steps (analyzer/steps.py) when
     given, else found here with `find_steps`."""
     if steps is None:
-        from moetune.analyzer.steps import find_steps
-
         steps = find_steps(trace.events).table
     if "win_start_ns" not in steps.columns:
         steps = steps.with_columns(win_start_ns=pl.col("start_ns"), win_end_ns=pl.col("end_ns"))
@@ -426,8 +426,6 @@ def diagnosis_section(trace: Trace, steps: Any, ctx: Any) -> dict[str, dict]:
     """`moetune.analyzer.diagnose.SECTIONS` hook: one graph over the steps' span, built on the
     classified events (same rows, so node ids stay row indices and walls match wall_detail),
     shared by the critical path and blocking; plus the cross-rank section when > 1 rank."""
-    from moetune.analyzer.ranks import ranks_section
-
     table = steps.table if hasattr(steps, "table") else steps
     events = getattr(ctx, "events", None)
     tr = trace if events is None else Trace(events=events, comms=trace.comms, flows=trace.flows,

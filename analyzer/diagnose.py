@@ -29,6 +29,7 @@ from moetune.analyzer.frames import GPU_KINDS, Trace
 from moetune.analyzer.observed import gpu_facts, in_windows, observe
 from moetune.analyzer.steps import Steps, find_steps
 from moetune.analyzer.walls import attribute_walls, fractions, median_step, wall_layers
+from moetune.analyzer.whatif import whatif_section
 
 from moetune import __version__
 from moetune.errors import UserError
@@ -60,9 +61,11 @@ class Context:
 Section = tuple[str, Callable[[Trace, Steps, Context], dict[str, Any]]]
 
 # Sections owned by other modules: the timeline graph (built once) gives critical_path, blocking
-# and, with several ranks, ranks; the allocator's events give memory.
+# and, with several ranks, ranks; the allocator's events give memory; the median step's graph,
+# replayed with each applicable knob change, gives whatif.
 SECTIONS: list[Section] = [("timeline_graph", diagnosis_section),
-                           ("device_memory", device_memory.diagnosis_section)]
+                           ("device_memory", device_memory.diagnosis_section),
+                           ("whatif", whatif_section)]
 
 
 def diagnose(
@@ -79,7 +82,7 @@ def diagnose(
 
     plist = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files = expand(plist)
-    _digest_later(files)
+    digest_later(files)
     trace = load_trace(plist)
     return diagnose_trace(
         trace,
@@ -292,7 +295,7 @@ def _file_key(path: Path) -> tuple[str, int, int]:
     return (str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
-def _digest_later(files: Sequence[Path]) -> None:
+def digest_later(files: Sequence[Path]) -> None:
     for f in files:
         try:
             d = _Digest(f)

@@ -50,6 +50,10 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 import polars as pl
+from moetune.analyzer.classify import classify
+from moetune.analyzer.clocks import align_clocks
+from moetune.analyzer.collectives import collective_instances, match_collectives
+from moetune.analyzer.event_walls import wall_of
 from moetune.analyzer.frames import GPU_KINDS, Trace, require
 
 EDGE_KINDS: tuple[str, ...] = ("launch", "stream", "host", "sync", "event_wait", "collective")
@@ -88,9 +92,6 @@ BLOCKED_RETURN_NS = 10_000
 # Shorter waits are within API overhead (async copy calls last 4–65 µs on gpu_mcore_hostbound).
 BLOCKED_MIN_NS = 10_000
 
-# Fallback kernel → wall rules, used only until analyzer/classify.py provides `wall`.
-_COMM_PATTERN = r"(?i)^(nccl|ncclDev|ncclKernel)|nccl|deep_ep::|hybrid_ep::|nvshmem|userbuffers|kuserbuffers|^rccl"
-
 NODE_COLUMNS = (
     "node", "rank", "kind", "name", "ts_ns", "end_ns", "pid", "tid", "device", "stream",
     "correlation", "wall", "is_gpu", "n_members",
@@ -126,37 +127,6 @@ class TimelineGraph:
         )
 
 
-def wall_of(events: pl.DataFrame) -> pl.Series:
-    """Wall of each event: the classifier's `wall` column when present, else name rules.
-
-    The classifier (analyzer/classify.py, kernel_classes.yaml) decides GPU rows; host rows are
-    `host`. Without classifier input columns, a name fallback: copies/memsets → memory; NCCL,
-    DeepEP, HybridEP, NVSHMEM, userbuffers kernels → communication; other GPU work → compute.
-    """
-    if "wall" in events.columns:
-        wall = events.get_column("wall").cast(pl.String)
-    elif {"copy_kind", "bytes", "sync_kind"} <= set(events.columns):
-        from moetune.analyzer.classify import classify
-
-        wall = classify(events).get_column("wall").cast(pl.String)
-    else:
-        wall = None
-    if wall is not None:
-        gpu = events.get_column("kind").is_in(list(GPU_KINDS))
-        return wall.zip_with(gpu, pl.Series(["host"] * events.height)).rename("wall")
-    kind = pl.col("kind")
-    return events.select(
-        pl.when(kind.is_in(["memcpy", "memset"]))
-        .then(pl.lit("memory"))
-        .when((kind == "kernel") & pl.col("name").str.contains(_COMM_PATTERN))
-        .then(pl.lit("communication"))
-        .when(kind.is_in(list(GPU_KINDS)))
-        .then(pl.lit("compute"))
-        .otherwise(pl.lit("host"))
-        .alias("wall")
-    ).to_series()
-
-
 def build_graph(
     trace: Trace,
     *,
@@ -175,8 +145,6 @@ def build_graph(
                  "correlation"), what="events")
     ev = ev.with_row_index("node").with_columns(pl.col("node").cast(pl.Int64))
     if "rclass" not in ev.columns and {"copy_kind", "bytes", "sync_kind"} <= set(ev.columns):
-        from moetune.analyzer.classify import classify
-
         ev = classify(ev)
     # One lazy pass picks the rows: a window is often a small part of a multi-GB trace, and an
     # eager filter would copy every column of every row first.
@@ -632,71 +600,7 @@ def _offsets(trace: Trace, offsets_ns: dict[int, int] | None) -> dict[int, int]:
         return dict(offsets_ns)
     if trace.events.get_column("rank").n_unique() < 2:
         return {}
-    from moetune.analyzer.ranks import align_clocks  # ranks builds on this module
-
     return align_clocks(trace).offsets_ns
-
-
-def collective_instances(gpu: pl.DataFrame, comms: pl.DataFrame) -> pl.DataFrame:
-    """Communication kernels numbered within their group on each rank.
-
-    Group = process group name + collective from `comms` when the kernel links to it (by
-    correlation, else external id), else the kernel name. Columns: node, rank, group, k, ts_ns,
-    end_ns.
-    """
-    ck = gpu.filter((pl.col("wall") == "communication") & (pl.col("kind") == "kernel"))
-    if ck.height == 0:
-        return pl.DataFrame(schema={"node": pl.Int64, "rank": pl.Int32, "group": pl.String,
-                                    "k": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64})
-    ck = ck.with_columns(pl.lit(None, dtype=pl.String).alias("group"))
-    if comms.height and {"pg_name", "collective"} <= set(comms.columns):
-        meta = comms.select(
-            "rank", "correlation", "external_id",
-            g=pl.concat_str([pl.col("pg_name").fill_null("?"), pl.col("collective").fill_null("?")],
-                            separator=":"),
-        )
-        by_corr = meta.drop_nulls("correlation").unique(["rank", "correlation"], keep="first")
-        by_ext = meta.drop_nulls("external_id").unique(["rank", "external_id"], keep="first")
-        ck = ck.join(by_corr.select("rank", "correlation", g1="g"), on=["rank", "correlation"],
-                     how="left")
-        if "external_id" in ck.columns:
-            ck = ck.join(by_ext.select("rank", "external_id", g2="g"),
-                         on=["rank", "external_id"], how="left")
-        else:
-            ck = ck.with_columns(g2=pl.lit(None, dtype=pl.String))
-        ck = ck.with_columns(group=pl.coalesce("g1", "g2"))
-    ck = ck.with_columns(group=pl.coalesce("group", pl.col("name").str.split("(").list.first()))
-    return (
-        ck.sort("rank", "group", "ts_ns", "node")
-        .with_columns(k=pl.col("node").cum_count().over("rank", "group").cast(pl.Int64) - 1)
-        .select("node", "rank", "group", "k", "ts_ns", "end_ns")
-    )
-
-
-def match_collectives(
-    inst: pl.DataFrame, offsets: dict[int, int], unlinked: dict[str, int] | None = None
-) -> pl.DataFrame:
-    """Instances of one collective across ranks: same group and k on every rank that holds the
-    group, provided every such rank holds the same count of it (else the group stays unlinked).
-    Adds aligned start/end (`ats_ns`, `aend_ns`) and `members` (ranks in the instance)."""
-    if inst.height == 0:
-        return inst.with_columns(ats_ns=pl.col("ts_ns"), aend_ns=pl.col("end_ns"),
-                                 members=pl.lit(0, dtype=pl.UInt32))
-    off = pl.DataFrame({"rank": list(offsets), "_off": list(offsets.values())},
-                       schema={"rank": pl.Int32, "_off": pl.Int64})
-    inst = inst.join(off, on="rank", how="left").with_columns(
-        ats_ns=pl.col("ts_ns") + pl.col("_off").fill_null(0),
-        aend_ns=pl.col("end_ns") + pl.col("_off").fill_null(0),
-    ).drop("_off")
-    counts = inst.group_by("group", "rank").len()
-    per_group = counts.group_by("group").agg(
-        n_ranks=pl.col("rank").n_unique(), lo=pl.col("len").min(), hi=pl.col("len").max())
-    bad = per_group.filter((pl.col("lo") != pl.col("hi")) | (pl.col("n_ranks") < 2))
-    mismatched = per_group.filter(pl.col("lo") != pl.col("hi")).get_column("group")
-    if unlinked is not None:
-        unlinked["collectives_unmatched"] = inst.filter(pl.col("group").is_in(mismatched.implode())).height
-    good = inst.filter(~pl.col("group").is_in(bad.get_column("group").implode()))
-    return good.with_columns(members=pl.col("rank").n_unique().over("group", "k"))
 
 
 def _collective_edges(

@@ -17,6 +17,8 @@ from typing import Any
 
 from moetune.analyzer.contract import SCHEMA_ID, arg_mirrors, benchmark_only_reasons, check_contract
 
+from moetune.knobs import normalize_args
+
 # Launcher prefixes, possibly stacked: torchrun `[default7]: `, srun -l `[lrdn3321:3]: ` or `3: `,
 # torch's `[rank0]:`. Stripped before anything else.
 _PREFIX = re.compile(r"^(?:\s*\[[\w.:@/-]+\]: ?|\s*\d+: )+")
@@ -39,22 +41,6 @@ _NO_TE = re.compile(r"Transformer Engine (?:and Apex )?(?:is|are) not installed"
 _INT = re.compile(r"^[+-]?\d+$")
 _FLOAT = re.compile(r"^[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?$|^[+-]?(?:inf|nan)$")
 _ENUM = re.compile(r"^[A-Z][A-Za-z0-9]*\.([A-Za-z_][A-Za-z0-9_]*)$")  # AttnBackend.auto -> auto
-
-# Deprecated argument -> current name (moe-tuning-knowledge.md §10). Emit current names only.
-RENAMED: Mapping[str, str] = {
-    "cuda_graph_scope": "cuda_graph_modules",
-    "moe_deepep_num_sms": "moe_flex_dispatcher_num_sms",
-    "moe_hybridep_num_sms": "moe_flex_dispatcher_num_sms",
-    "moe_router_padding_for_fp8": "moe_router_padding_for_quantization",
-}
-# Deprecated boolean switches -> the current arguments they set when True.
-SWITCHES: Mapping[str, Mapping[str, Any]] = {
-    "enable_cuda_graph": {"cuda_graph_impl": "local"},
-    "external_cuda_graph": {"cuda_graph_impl": "transformer_engine"},
-    "moe_enable_deepep": {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"},
-    "moe_layer_recompute": {"recompute_granularity": "selective", "recompute_modules": ["moe"]},
-}
-
 
 def strip_prefix(line: str) -> tuple[str, str]:
     """(launcher prefix, rest of the line)."""
@@ -93,7 +79,8 @@ def parse_args_dump(text: str) -> dict[str, object]:
     Only lines from the stream (launcher prefix) that printed the header count, so other ranks'
     interleaved output is ignored; a block cut off before its footer still yields what it has; a
     hard-wrapped list value is re-joined. Several dumps (restarts): later values win. Deprecated
-    names are kept as printed; `normalize_args` maps them to current names.
+    names are kept as printed; `normalize_args` (moetune.knobs: the catalog's `deprecated`
+    spellings) maps them to current names.
     """
     args: dict[str, object] = {}
     active: str | None = None  # prefix of the stream inside a block
@@ -140,44 +127,6 @@ def _as_modules(value: Any) -> list[str]:
     if isinstance(value, str):
         return [v for v in re.split(r"[\s,]+", value) if v]
     return list(value)
-
-
-def normalize_args(args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Current Megatron names for deprecated ones. Returns (args, notes). A current argument that is
-    already set (not None/False) wins over its deprecated alias."""
-    out = dict(args)
-    notes: list[str] = []
-    for old, new in RENAMED.items():
-        if old not in out:
-            continue
-        value = out.pop(old)
-        if old == "cuda_graph_scope":
-            if value == "full_iteration":
-                out.setdefault("cuda_graph_impl", "full_iteration")
-            value = _as_modules(value)
-        if out.get(new) in (None, [], "") and value not in (None, []):
-            out[new] = value
-            notes.append(f"{old} -> {new}")
-        else:
-            out.setdefault(new, value)
-    for old, sets in SWITCHES.items():
-        if old not in out:
-            continue
-        value = out.pop(old)
-        if value is not True:
-            continue
-        for name, new_value in sets.items():
-            current = out.get(name)
-            if name == "recompute_modules" and isinstance(current, list):
-                out[name] = sorted({*current, *new_value})
-            elif current in (None, "none", False, []) or (
-                name == "moe_token_dispatcher_type" and current != "flex"
-            ):
-                out[name] = new_value
-        notes.append(f"{old}=True -> " + ", ".join(f"{k}={v}" for k, v in sets.items()))
-    if "cuda_graph_impl" not in out and any(k in args for k in ("enable_cuda_graph", "external_cuda_graph")):
-        out["cuda_graph_impl"] = "none"
-    return out, notes
 
 
 def contract_from_args(args: Mapping[str, Any], *, world: Mapping[str, int] | None = None) -> dict:

@@ -1,14 +1,5 @@
-"""Cross-rank view: clock alignment, per-rank step time, stragglers, collective arrival skew.
-
-Alignment (offset added to a rank's ts to put it on rank `ref`'s clock, ref = lowest rank):
-1. `session_start`: readers set `ranks.clock_offset_ns` (nsys TARGET_INFO_SESSION_START_TIME);
-   used when any rank has a non-zero offset.
-2. `collective_end`: the members of one collective finish together (the last arrival releases
-   everyone, and the ring completes on all ranks within microseconds), so for every collective
-   instance matched across two ranks (`moetune.analyzer.graph.match_collectives`: same group, same index
-   k) end_ref − end_r estimates the offset; the median over instances is kept. Ranks that share
-   no matched collective with an aligned rank stay unaligned (offset 0, listed).
-3. `none`: one rank, or nothing to match.
+"""Cross-rank view: per-rank step time, stragglers, collective arrival skew, on clocks aligned by
+`moetune.analyzer.clocks` (alignment method and offsets are reported here too).
 
 Stragglers: robust z-score of per-rank median step time, z = 0.6745·(x − median)/MAD, flagged
 when z > 3.5 (Iglewicz–Hoaglin); MAD is floored at 1 % of the median so identical ranks do not
@@ -22,72 +13,16 @@ that arrives last most often is reported per group (`last_arrival`).
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
 
 import polars as pl
+from moetune.analyzer.clocks import align_clocks
+from moetune.analyzer.collectives import comm_instances, match_collectives
 from moetune.analyzer.frames import Trace
-from moetune.analyzer.graph import collective_instances, match_collectives, wall_of
+from moetune.analyzer.steps import find_steps
 
 Z_THRESHOLD = 3.5
 MAD_FLOOR = 0.01
 MIN_RANKS_FOR_STRAGGLERS = 3
-
-
-@dataclass(frozen=True, slots=True)
-class Alignment:
-    method: str  # session_start | collective_end | none
-    offsets_ns: dict[int, int]
-    unaligned: tuple[int, ...] = ()
-    pairs: dict[int, int] = field(default_factory=dict)  # rank → instances used
-
-
-def _instances(trace: Trace) -> pl.DataFrame:
-    """Communication kernels numbered per (rank, group), node = event row index."""
-    lf = trace.events.lazy().with_row_index("node").filter(
-        pl.col("kind") == "kernel")
-    if "wall" in trace.events.columns:  # classified: only communication kernels are numbered
-        lf = lf.filter(pl.col("wall") == "communication")
-    gpu = lf.with_columns(pl.col("node").cast(pl.Int64)).collect()
-    gpu = gpu.with_columns(wall=wall_of(gpu), end_ns=pl.col("ts_ns") + pl.col("dur_ns"))
-    return collective_instances(gpu, trace.comms)
-
-
-def align_clocks(trace: Trace, *, instances: pl.DataFrame | None = None) -> Alignment:
-    """Offsets (ns) that put every rank on the lowest rank's clock; see module docstring."""
-    ranks = trace.events.get_column("rank").drop_nulls().unique().sort().to_list()
-    if len(ranks) < 2:
-        return Alignment("none", dict.fromkeys(ranks, 0))
-    r = trace.ranks
-    if r.height and "clock_offset_ns" in r.columns:
-        offs = {int(a): int(b or 0) for a, b in r.select("rank", "clock_offset_ns").iter_rows()}
-        if any(offs.get(k, 0) for k in ranks):
-            base = offs.get(ranks[0], 0)
-            return Alignment("session_start", {k: offs.get(k, 0) - base for k in ranks})
-    inst = _instances(trace) if instances is None else instances
-    m = match_collectives(inst, {})
-    if m.height == 0:
-        return Alignment("none", dict.fromkeys(ranks, 0), unaligned=tuple(ranks[1:]))
-    ends = m.select("group", "k", "rank", "end_ns")
-    pair = ends.join(ends, on=["group", "k"], suffix="_b").filter(pl.col("rank") != pl.col("rank_b"))
-    # est[(a, b)] = median(end_a − end_b): add to b's clock to reach a's.
-    est_df = pair.group_by("rank", "rank_b").agg(
-        d=(pl.col("end_ns") - pl.col("end_ns_b")).median(), n=pl.len())
-    est = {(a, b): (round(d), n) for a, b, d, n in est_df.iter_rows()}
-    offsets = {ranks[0]: 0}
-    used: dict[int, int] = {}
-    frontier = [ranks[0]]
-    while frontier:  # BFS over ranks that share collectives: bounded by ranks²
-        a = frontier.pop(0)
-        for b in ranks:
-            if b not in offsets and (a, b) in est:
-                d, n = est[(a, b)]
-                offsets[b] = offsets[a] + d
-                used[b] = n
-                frontier.append(b)
-    unaligned = tuple(k for k in ranks if k not in offsets)
-    for k in unaligned:
-        offsets[k] = 0
-    return Alignment("collective_end", dict(sorted(offsets.items())), unaligned, used)
 
 
 def step_time_by_rank(steps: pl.DataFrame) -> dict[int, float]:
@@ -137,11 +72,9 @@ def ranks_section(trace: Trace, steps: pl.DataFrame | None = None) -> dict[str, 
     """`{"ranks": {...}}` for the diagnosis document (paths read by rules: ranks.count,
     ranks.step_time_s_by_rank, ranks.stragglers, ranks.collective_arrival_skew_s)."""
     if steps is None:
-        from moetune.analyzer.steps import find_steps
-
         steps = find_steps(trace.events).table
     ranks = trace.events.get_column("rank").drop_nulls().unique().sort().to_list()
-    inst = _instances(trace)
+    inst = comm_instances(trace)
     al = align_clocks(trace, instances=inst)
     unlinked: dict[str, int] = {}
     matched = match_collectives(inst, al.offsets_ns, unlinked)

@@ -7,7 +7,9 @@ within their copy). Times are wall seconds of `build_graph` and of `critical_pat
 
     python bench/bench_graph.py [TRACE] [--factors 1 4 16] [--repeat 1]
 
-Default trace: ../shared/corpus/public/kineto/hta_a100_alltoall_rank3of8.json.gz.
+Default trace: `hta_a100_alltoall_rank3of8.json.gz` of the trace corpus beside the checkout (bench/README.md,
+"Inputs"), a copy of HTA's `tests/data/trace_diff/control/control.json.gz`; any Kineto trace can be
+given instead.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Benchmark the Kineto reader (and the whole diagnosis) against Holistic Trace Analysis.
 
-    python bench/bench_kineto.py                 # corpus traces + linearity rows, vs HTA
+    python bench/bench_kineto.py                 # HTA's test traces + linearity rows, vs HTA
     python bench/bench_kineto.py --no-hta        # our side only (no venv, no network)
     python bench/bench_kineto.py --scales 1 4 16 --base hta_a100_2rank_nccl --json out.json
 
@@ -10,7 +10,7 @@ Every measurement runs in its own subprocess: wall time is taken inside the work
 read the same uncompressed `.json`, so MB/s is MB of JSON per second of one core's wall time.
 
 HTA (`holistictraceanalysis`, PyPI) is installed into its own venv `bench/.venv-hta` on first use.
-Agreement: our frames run through HTA's temporal-breakdown definitions (trace-formats.md §4.2 #1,
+Agreement: our frames run through HTA's temporal-breakdown definitions (`get_temporal_breakdown()`,
 HTA 0.5.0 `hta/utils/utils.py` kernel regexes, last ProfilerStep dropped, ns → µs with ceil(start)
 / floor(end)) and are compared with HTA's own numbers on the same file.
 """
@@ -37,7 +37,8 @@ HTA_PIN = ["holistictraceanalysis==0.5.0"]
 CORPUS = (
     Path(os.environ.get("MOETUNE_CORPUS", ROOT.parent / "shared" / "corpus")) / "public" / "kineto"
 )
-# The four traces with HTA reference numbers in corpus/README.md §4.2.
+# Copies of HTA's own test traces (bench/README.md, "Inputs", maps them to HTA's tests/data); their
+# temporal breakdowns by HTA are pinned in tests/test_reader_kineto.py.
 DEFAULT_TRACES = [
     "hta_a100_2rank_nccl",
     "hta_a100_alltoall_rank3of8",

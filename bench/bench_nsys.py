@@ -3,7 +3,8 @@
 Builds the large export with make_large_nsys.py when it is missing, then runs each stage in a
 fresh worker process so peak RSS is that stage's own (read alone; read + diagnose):
 
-    python bench/bench_nsys.py                       # ~1 GB from the H200 corpus export
+    python bench/bench_nsys.py --source fixtures/nsys/h200_eager_2steps.sqlite.gz   # ~1 GB from it
+    python bench/bench_nsys.py                       # default --source: the full H200 export
     python bench/bench_nsys.py --large /tmp/big.sqlite --target-mb 2000 --json out.json
 
 Target: read + diagnose of ~1 GB in < 30 s on 2 cores, memory bounded (see bench/README.md).

@@ -4,7 +4,7 @@
 
 Runs in HTA's own venv (bench_kineto.py creates it); prints one JSON object on stdout:
 parse_s (TraceAnalysis construction = parsing), breakdown_s, and per-rank idle / compute /
-non-compute / kernel time in µs as HTA reports them (trace-formats.md §4.2 #1).
+non-compute / kernel time in µs as HTA's `get_temporal_breakdown()` reports them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Each copy's window becomes ONE step (`iteration k`, the source's iterations merg
 is a few long steps per rank with tens of thousands of kernels each, like a real Megatron
 profile, rather than a thousand tiny steps. Rows outside the window (warm-up) stay once.
 
-    python bench/make_large_nsys.py ../shared/corpus/made/h200_moe_eager_loop.nsys.sqlite.gz \
+    python bench/make_large_nsys.py fixtures/nsys/h200_eager_2steps.sqlite.gz \
         /tmp/large.sqlite --target-mb 1000 --ranks 8
 
 Never commit the output.

@@ -9,9 +9,9 @@ threads, user + system), MB of JSON per CPU-second, optionally a cProfile of one
 `--against PATH` loads another copy of the reader module (e.g. `git show HEAD~1:analyzer/readers/
 kineto.py > /tmp/kineto_before.py`) and alternates reads between the two, so that both see the
 same machine load; the best of N of each is printed (CPU seconds, all threads, and wall seconds:
-the compiled scanner reads with one thread per 16 MB part). `--python-too` adds the current reader
-with its compiled scanner switched off (`USE_COMPILED = False`). `--rss` first reads each file once in a fresh
-subprocess per reader and prints its peak RSS (`ru_maxrss`), before this process reads anything:
+the compiled scanner reads with one thread per part of at least 4 MB, up to one per core).
+`--python-too` adds the current reader with its compiled scanner switched off
+(`USE_COMPILED = False`). `--rss` first reads each file once in a fresh subprocess per reader and prints its peak RSS (`ru_maxrss`), before this process reads anything:
 Linux carries a parent's high-water mark into a child across fork/exec, so a child started after
 a big read would report the parent's peak.
 """

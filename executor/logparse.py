@@ -1,4 +1,8 @@
-"""Megatron-LM / Megatron-Bridge training output → polars frames (megatron-log-formats.md).
+"""Megatron-LM / Megatron-Bridge training output → polars frames.
+
+The formats are Megatron-LM's `training_log()` (`megatron/training/training.py`), `report_memory()`
+(`megatron/training/utils`), `_print_args()` (`megatron/training/arguments.py`) and Megatron-Bridge's
+`src/megatron/bridge/training/utils/train_utils.py`.
 
 Reads what real runs print: iteration lines (any subset and order of fields, Megatron and Bridge
 timestamps), memory lines (new `.2f`, old unformatted float, Bridge GB form), validation lines and

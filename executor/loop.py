@@ -62,6 +62,7 @@ class TuneOptions:
     profile: bool = True
     profile_args: str | None = None       # template; None: chosen from the command
     slurm_options: Mapping[str, str] = field(default_factory=dict)
+    env_profile: str | None = None        # launchers/base.py ENV_PROFILES, applied to every run
 
 
 def log(msg: str) -> None:
@@ -118,7 +119,8 @@ class Runner:
         spec = RunSpec(argv=launch.argv, env=launch.env, log_path=log_path,
                        timeout_s=self.opts.policy.timeout_s,
                        nproc_per_node=self.opts.nproc_per_node, nodes=self.opts.nodes,
-                       name=safe, slurm_options=self.opts.slurm_options)
+                       name=safe, slurm_options=self.opts.slurm_options,
+                       env_profile=self.opts.env_profile)
         log(f"{key}: running ({self.launcher.name})")
         result = self.launcher.launch(spec).wait()
         self.executed += 1

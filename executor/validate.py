@@ -1,6 +1,7 @@
 """A/B validation of one change: matched screens, a noise band, a confirm run, health checks.
 
-Protocol (moe-tuning-knowledge.md §4, phase 5):
+Protocol (the validate phase of Megatron-Bridge's MoE optimization workflow,
+`docs/training/moe-optimization.md`):
 - screens: A (baseline) and B (candidate) run alternately, A B A B A B (≥3 repeats each), same
   seed, data and iteration count; each run's step time is the median `elapsed time per iteration`
   over its post-warmup window (unprofiled runs only);

@@ -1,9 +1,14 @@
-"""The rule condition language: `all`/`any`/`not` over predicates `{<source>: path, op, value}`.
+"""The condition language: `all`/`any`/`not` over predicates `{<source>: path, op, value}`.
+
+One language for rule conditions and knob constraints (rules/) and for the backend audit's
+signatures (analyzer/audit.py, rules/signatures.yaml). The caller resolves each source: the rules
+engine all five (`fact`: derived hardware/topology facts such as `gpu_arch`); the audit only
+`fact`, its dotted facts (`observed.*`, `evidence.*`, `probe.*`, `claims.*`, `trace.*`).
 
 A closed grammar evaluated by a tree walk, never `eval`. Three-valued: a predicate whose input is
 absent (no critical-path section, contract silent about a field) is *unknown* (None), so a rule
-fires only on evidence, and a knob constraint that cannot be checked becomes a caveat rather than
-a silent pass or block.
+fires only on evidence, a knob constraint that cannot be checked becomes a caveat rather than a
+silent pass or block, and an audit condition that is not True gives no verdict.
 """
 
 from __future__ import annotations

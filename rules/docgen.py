@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from moetune.rules.engine import render_bridge, render_flags
 from moetune.rules.load import Catalog, Rule, load_catalog, load_rules
 
 from moetune import conditions as expr
+from moetune.knobs import Deprecated, render_bridge, render_flags
+from moetune.vocabulary import WALLS
 
 DOC = Path("docs") / "rules.md"  # run from the repository root
 
@@ -39,6 +40,14 @@ def _fix(rule: Rule, catalog: Catalog) -> tuple[str, str]:
         if b := render_bridge(knob, value):
             bridge.append(b)
     return " ".join(flags), " ".join(bridge)
+
+
+def _deprecated(d: Deprecated, catalog: Catalog) -> str:
+    """`--old` (a rename) or `--old` = the current flags it stands for (a switch)."""
+    if not d.sets:
+        return f"`{d.flag}`"
+    now = [" ".join(render_flags(catalog.knobs[arg], v)[0]) for arg, v in d.sets.items()]
+    return f"`{d.flag}` = `{' '.join(now)}`"
 
 
 def _scale_note(change: Mapping[str, Any]) -> str:
@@ -111,17 +120,24 @@ def render(rules: Mapping[str, Rule], catalog: Catalog) -> str:
         "",
         "## Knob catalog",
         "",
-        "| knob | flag / env | deprecated | values · default | Bridge | wall | equivalent |",
-        "|---|---|---|---|---|---|---|",
+        "From rules/knobs.yaml, by wall. Deprecated spellings are read in logs and contracts and "
+        "replaced on command lines: a rename takes the same value, a switch stands for the flags "
+        "shown.",
+        "",
+        "| knob | flag / env | deprecated | values · default | Bridge | wall | equivalent | sources |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for k in sorted(catalog.knobs.values(), key=lambda k: (k.spec["section"], k.name)):
-        sp = k.spec
-        flag = f"`{sp['flag']}`" if k.kind == "arg" else "env"
-        dep = ", ".join(f"`{d['flag']}`" for d in sp.get("deprecated_flags", []))
-        vals = "\\|".join(map(str, sp.get("values", []))) or sp["type"]
-        eq = "yes" if sp["training_equivalent"] else "**no**"
-        out.append(f"| `{k.name}` | {flag} | {dep} | {vals} · `{sp['default']}` | "
-                   f"{'`' + sp['bridge'] + '`' if sp.get('bridge') else ''} | {sp['wall']} | {eq} |")
+    walls = [*WALLS, "numerics", "planning"]
+    for k in sorted(catalog.knobs.values(),
+                    key=lambda k: (walls.index(k.wall) if k.wall in walls else len(walls),
+                                   k.kind, k.name)):
+        flag = f"`{k.flag}`" if k.kind == "arg" else "env"
+        dep = ", ".join(_deprecated(d, catalog) for d in k.deprecated)
+        vals = "\\|".join(map(str, k.values)) or k.type
+        eq = "yes" if k.training_equivalent else "**no**"
+        out.append(f"| `{k.name}` | {flag} | {dep} | {vals} · `{k.default}` | "
+                   f"{'`' + k.bridge + '`' if k.bridge else ''} | {k.wall} | {eq} | "
+                   f"{'; '.join(k.sources)} |")
     return "\n".join(out) + "\n"
 
 

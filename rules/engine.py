@@ -18,6 +18,8 @@ from moetune.rules.load import WINDOW, Catalog, Knob, Rule, load_catalog
 from moetune import __version__
 from moetune import conditions as expr
 from moetune.conditions import MISSING, UNKNOWN
+from moetune.errors import UserError
+from moetune.knobs import render_bridge, render_flags
 
 SCHEMA_ID = "moetune.recommendations/1"
 _CONFIDENCE = {"high": 1.0, "medium": 0.6, "low": 0.3}
@@ -259,7 +261,8 @@ def legality(rule: Rule, inp: _Inputs) -> tuple[list[str], list[str]]:
 
 
 def _memory_caveat(rule: Rule, inp: _Inputs) -> list[str]:
-    """§4: expandable segments (≈0 cost) before any memory-expensive change."""
+    """Expandable segments (about zero cost) before any memory-expensive change (the order of the
+    Megatron-Bridge memory-tuning skill)."""
     env = "PYTORCH_CUDA_ALLOC_CONF"
     if not rule.spec.get("memory_cost") or "expandable_segments:True" in str(inp.value(env) or ""):
         return []
@@ -318,6 +321,15 @@ def predict_gain(rule: Rule, diagnosis: Mapping[str, Any]) -> dict[str, Any]:
     """Speedup range T/T' − 1 and the predicted step time; ceiling T/(T−R) − 1."""
     spec = rule.spec["expected_gain"]
     t = float(diagnosis["step_time_s"])
+    est = lookup(diagnosis, f"whatif.transforms.{spec['whatif']}") if "whatif" in spec else None
+    if isinstance(est, Mapping) and _num(lookup(est, "speedup.mid")):
+        sp, st = est["speedup"], est["step_time_s"]
+        return {
+            "speedup": {"low": sp["low"], "high": sp["high"], "mid": sp["mid"]},
+            "step_time_s": {"before": t, "low": st["low"], "high": st["high"]},
+            "ceiling": None, "recoverable_s": None, "recoverable_from": f"whatif.{spec['whatif']}",
+            "basis": f"{est['basis']} (what-if replay, fidelity {lookup(diagnosis, 'whatif.fidelity')})",
+        }
     if "fixed" in spec:
         lo, hi = spec["fixed"]
         return {
@@ -350,38 +362,6 @@ def predict_gain(rule: Rule, diagnosis: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- rendering
-
-
-def render_flags(knob: Knob, value: Any) -> tuple[list[str], list[str]]:
-    """(flags or env assignments to set, flags to remove) for one knob value."""
-    spec = knob.spec
-    if knob.kind == "env":
-        return ([f"{knob.name}={value}"], []) if value is not None else ([], [f"unset {knob.name}"])
-    flag = spec["flag"]
-    if value is None:
-        return [], [flag]
-    if spec["type"] == "bool":
-        if value:
-            return [flag], []
-        return ([spec["negative_flag"]], []) if "negative_flag" in spec else ([], [flag])
-    if isinstance(value, list):
-        return [" ".join([flag, *map(str, value)])], []
-    return [f"{flag} {value}"], []
-
-
-def render_bridge(knob: Knob, value: Any) -> str | None:
-    key = knob.spec.get("bridge")
-    if not key:
-        return None
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif value is None:
-        text = "null"
-    elif isinstance(value, list):
-        text = "[" + ",".join(map(str, value)) + "]"
-    else:
-        text = str(value)
-    return f"{key}={text}"
 
 
 def _evidence(observations: Iterable[expr.Observation]) -> list[dict[str, Any]]:
@@ -429,6 +409,7 @@ def recommend(
     fired: list[dict[str, Any]] = []
     blocked: list[dict[str, Any]] = []
     quiet: list[dict[str, Any]] = []
+    prerequisites: list[dict[str, Any]] = []
     for rule in rules.values():
         assert_single_change(rule, catalog)
         spec = rule.spec
@@ -463,19 +444,34 @@ def recommend(
                            "contract's megatron_args do not state it")
         reasons += illegal
         equivalent, eq_note = equivalence(rule, catalog)
+        if reasons and set(reasons) <= environment_reasons(catalog):
+            # only the environment stands in the way: say what to install and what it unlocks
+            gain = predict_gain(rule, diagnosis)
+            prerequisites.append({**head, "change": _change_doc(rule, knob, current),
+                                  "needs": reasons, "gain": _round(gain),
+                                  "score": round(gain["speedup"]["mid"], 6)})
+            continue
         if not equivalent and label == "training-equivalent" and not options.allow_non_equivalent:
             reasons.append("contract label training-equivalent forbids a semantics-changing knob "
                            "(pass --allow-non-equivalent to see it)")
         if reasons:
             blocked.append({**head, "change": _change_doc(rule, knob, current), "reasons": reasons})
             continue
-        fired.append(_recommendation(rule, knob, current, current_from, catalog, diagnosis,
-                                     observations, caveats, equivalent, eq_note, inp.verdicts))
-    fired.sort(key=lambda r: (-r["score"], _RISK[r["risk"]["level"]], r["rule"]))
+        rec = _recommendation(rule, knob, current, current_from, catalog, diagnosis,
+                              observations, caveats, equivalent, eq_note, inp.verdicts)
+        rec["memory"] = memory_prediction(rule, diagnosis, contract)
+        if rec["memory"] and rec["memory"]["fits"] is False:
+            rec["caveats"].append(f"predicted not to fit: {rec['memory']['basis']}; peak "
+                                  f"{rec['memory']['peak_gib']} GiB of {rec['memory']['capacity_gib']}")
+        fired.append(rec)
+    # changes predicted not to fit go below those that fit (shown, never dropped)
+    fired.sort(key=lambda r: ((r["memory"] or {}).get("fits") is False, -r["score"],
+                              _RISK[r["risk"]["level"]], r["rule"]))
     if options.top is not None:
         fired = fired[: options.top]
     for i, r in enumerate(fired, 1):
         r["rank"] = i
+    prerequisites.sort(key=lambda r: (-r["score"], r["rule"]))
     doc: dict[str, Any] = {
         "schema": SCHEMA_ID,
         "tool": {"name": "moetune", "version": __version__},
@@ -487,12 +483,69 @@ def recommend(
         "contract_label": label,
         "rules_checked": len(rules),
         "recommendations": fired,
+        "prerequisites": prerequisites,
         "blocked": blocked,
         "quiet_count": len(quiet),
     }
+    if not fired:
+        doc["none_because"] = _none_because(diagnosis, quiet, blocked, prerequisites)
     if options.show_quiet:
         doc["quiet"] = quiet
     return doc
+
+
+def memory_prediction(rule: Rule, diagnosis: Mapping[str, Any], contract: Mapping[str, Any]
+                      ) -> dict[str, Any] | None:
+    """The change's predicted peak memory (analyzer/planner/predict.py: the measured peak plus the
+    memory model's delta for the change), or None when the contract does not describe the model
+    well enough to price it."""
+    if not rule.spec.get("memory_cost"):
+        return None
+    from moetune.analyzer.planner.predict import measured_from_diagnosis, predict_peak
+
+    measured, device = measured_from_diagnosis(diagnosis)
+    try:
+        pred = predict_peak(contract, _changed(rule), measured_peak_bytes=measured,
+                            gpu_memory_bytes=device)
+    except (UserError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None  # the model section is missing or partial: the peak is unknown, not zero
+    gib = 1024 ** 3
+    return {
+        "peak_gib": round(pred.peak_bytes / gib, 2),
+        "capacity_gib": round(pred.capacity_bytes / gib, 2) if pred.capacity_bytes else None,
+        "fits": pred.fits,
+        "basis": pred.basis,
+    }
+
+
+def _none_because(diagnosis: Mapping[str, Any], quiet: list[dict[str, Any]],
+                  blocked: list[dict[str, Any]], prerequisites: list[dict[str, Any]]) -> str:
+    """Why no change is recommended, from the rules of the wall that dominates the step."""
+    wall = diagnosis.get("dominant_wall")
+    share = lookup(diagnosis, f"walls.{wall}") if wall else None
+    head = f"the step is {share:.0%} {wall}" if _num(share) else "no dominant wall is known"
+    if prerequisites:
+        return f"{head}; every change that applies needs the environment changed first (prerequisites)"
+    if blocked:
+        return f"{head}; the changes that apply are blocked (see blocked)"
+    mine = [q for q in quiet if q["wall"] == wall]
+    reasons = sorted({q["reason"] for q in mine})[:3]
+    if not reasons:
+        return f"{head}; no rule in the catalog targets it"
+    return f"{head}; its rules do not apply: " + "; ".join(reasons)
+
+
+def environment_reasons(catalog: Catalog) -> frozenset[str]:
+    """Constraint reasons that only the environment can satisfy: every predicate of the
+    constraint's `then` reads a `versions.*` field of the contract (a package to install)."""
+    out = set()
+    for knob in catalog.knobs.values():
+        for c in knob.requires:
+            preds = expr.predicates(c.then)
+            if preds and all(p.source == "contract" and p.path.startswith("versions.")
+                             for p in preds):
+                out.add(c.reason)
+    return frozenset(out)
 
 
 def thaw(x: Any) -> Any:
@@ -557,7 +610,10 @@ def _recommendation(
         "remove_flags": remove,
         "bridge_overrides": bridge,
         "gain": _round(gain),
-        "score": round(gain["speedup"]["mid"] * _CONFIDENCE[spec["confidence"]], 6),
+        # a replayed estimate is ranked by itself; a rule's fixed range by its stated confidence
+        "score": round(gain["speedup"]["mid"] * (1.0 if str(gain.get("recoverable_from") or "")
+                                                .startswith("whatif.")
+                                                else _CONFIDENCE[spec["confidence"]]), 6),
         "confidence": spec["confidence"],
         "risk": dict(spec["risk"]),
         "evidence": _evidence(observations),

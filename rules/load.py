@@ -1,5 +1,6 @@
-"""Load and validate the knob catalog and rule files: YAML safe-load only, JSON Schema, then the
-cross-checks a schema cannot express (knob names, metric paths, legal values, id = file stem).
+"""Load and validate rule files, and check the knob catalog (moetune.knobs) against the diagnosis
+and contract schemas: YAML safe-load only, JSON Schema, then the cross-checks a schema cannot
+express (knob names, metric paths, legal values, id = file stem).
 
 Every problem names the file and line. A user rule folder is data only: plain YAML scalars,
 lists and mappings (no tags, no duplicate keys), never code.
@@ -19,13 +20,15 @@ import jsonschema
 from referencing import Registry, Resource
 
 from moetune import conditions as expr
+from moetune import knobs as knob_catalog
 from moetune.errors import UserError
+from moetune.knobs import KNOBS_FILE, Catalog, value_problem
+from moetune.knobs import Knob as Knob  # re-exported: rules.engine reads it from here
 from moetune.resources import data
 from moetune.vocabulary import WALLS
 from moetune.yamlio import line_of, read_yaml
 
 SCHEMAS = data("moetune.schemas")
-KNOBS_FILE = data("moetune.rules", "knobs.yaml")
 CATALOG = data("moetune.rules", "catalog")
 # Pseudo metric: seconds of GPU window analyzed (all steps, all ranks); see rules/engine.py.
 WINDOW = "window_s"
@@ -63,40 +66,6 @@ class Problem:
 
 
 @dataclass(frozen=True)
-class Constraint:
-    knob: str
-    when: expr.Condition
-    then: expr.Condition
-    reason: str
-
-
-@dataclass(frozen=True)
-class Knob:
-    name: str
-    spec: Mapping[str, Any]
-    requires: tuple[Constraint, ...]
-
-    @property
-    def kind(self) -> str:
-        return self.spec["kind"]
-
-    @property
-    def default(self) -> Any:
-        return self.spec.get("default")
-
-    @property
-    def scope(self) -> tuple[str, ...]:
-        return tuple(self.spec.get("scope", ()))
-
-
-@dataclass(frozen=True)
-class Catalog:
-    knobs: Mapping[str, Knob]
-    gpus: tuple[tuple[str, str], ...]
-    path: Path
-
-
-@dataclass(frozen=True)
 class Rule:
     id: str
     spec: Mapping[str, Any]
@@ -125,7 +94,7 @@ def schema(name: str) -> dict[str, Any]:
 def _registry() -> Registry:
     resources = [
         (s["$id"], Resource.from_contents(s))
-        for s in (schema(n) for n in ("rule", "knobs", "diagnosis"))
+        for s in (schema(n) for n in ("rule", "diagnosis"))
     ]
     return Registry().with_resources(resources)
 
@@ -164,12 +133,8 @@ def _schema_problems(doc: Any, name: str, path: Path, lines: Mapping[tuple, int]
 
 
 def _condition_root(at: list) -> tuple | None:
-    """The path of the condition tree an error lies in (rule `when`, knob `when`/`then`)."""
-    if at[:1] == ["when"]:
-        return ("when",)
-    if len(at) >= 5 and at[0] == "knobs" and at[2] == "requires" and at[4] in ("when", "then"):
-        return tuple(at[:5])
-    return None
+    """The path of the condition tree an error lies in (a rule's `when`)."""
+    return ("when",) if at[:1] == ["when"] else None
 
 
 def _shorten(msg: str, limit: int = 160) -> str:
@@ -243,72 +208,22 @@ def contract_path_ok(path: str) -> bool:
 
 
 def load_catalog(path: Path | None = None) -> Catalog:
-    """Load rules/knobs.yaml (or `path`); raise UserError on the first problem."""
-    path = path or KNOBS_FILE
-    return _load_catalog_cached(path.resolve())
+    """The knob catalog (moetune.knobs.load: rules/knobs.yaml or `path`) with the metric and
+    contract paths of its constraints checked; raise UserError on the first problem."""
+    return _checked_catalog((path or KNOBS_FILE).resolve())
 
 
 @cache
-def _load_catalog_cached(path: Path) -> Catalog:
-    data, lines = read_yaml(path)
-    problems = _schema_problems(data, "knobs", path, lines)
-    if problems:
-        raise UserError(str(problems[0]))
-    names = set(data["knobs"])
-    knobs: dict[str, Knob] = {}
-    for name, spec in data["knobs"].items():
-        reqs = []
-        for i, req in enumerate(spec.get("requires", [])):
-            at = ("knobs", name, "requires", i)
-            conds = []
-            for part in ("when", "then"):
-                try:
-                    cond = expr.parse(req[part], (*at, part))
-                except expr.ExprError as exc:
-                    raise UserError(f"{path}:{line_of(lines, exc.where)}: {exc}") from None
+def _checked_catalog(path: Path) -> Catalog:
+    catalog = knob_catalog.load(path)
+    for knob in catalog.knobs.values():
+        for i, c in enumerate(knob.requires):
+            for part, cond in (("when", c.when), ("then", c.then)):
                 for p in expr.predicates(cond):
-                    bad = _predicate_problem(p, names)
-                    if bad:
-                        raise UserError(f"{path}:{line_of(lines, (*at, part))}: {bad}")
-                conds.append(cond)
-            reqs.append(Constraint(name, conds[0], conds[1], req["reason"]))
-        for sub in spec.get("scope", []):
-            if sub not in names:
-                raise UserError(
-                    f"{path}:{line_of(lines, ('knobs', name, 'scope'))}: scope names unknown knob {sub!r}"
-                )
-        if spec["type"] == "enum" and spec["default"] is not None and spec["default"] not in spec["values"]:
-            raise UserError(f"{path}:{line_of(lines, ('knobs', name, 'default'))}: default not in values")
-        knobs[name] = Knob(name, spec, tuple(reqs))
-    gpus = tuple((g["match"], g["arch"]) for g in data["gpus"])
-    return Catalog(knobs, gpus, path)
-
-
-def value_problem(knob: Knob, value: Any) -> str | None:
-    """Why `value` is not legal for `knob`, or None."""
-    spec = knob.spec
-    if value is None:
-        return None  # unset = back to the default
-    kind = spec["type"]
-    legal = spec.get("values")
-    if kind == "bool" and not isinstance(value, bool):
-        return f"{knob.name} is a bool; got {value!r}"
-    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-        return f"{knob.name} is an int; got {value!r}"
-    if kind == "float" and (isinstance(value, bool) or not isinstance(value, int | float)):
-        return f"{knob.name} is a number; got {value!r}"
-    if kind in ("int", "float") and "minimum" in spec and value < spec["minimum"]:
-        return f"{knob.name} must be ≥ {spec['minimum']}; got {value!r}"
-    if kind == "enum" and value not in legal:
-        return f"{knob.name} must be one of {legal}; got {value!r}"
-    if kind == "list":
-        if not isinstance(value, list):
-            return f"{knob.name} is a list; got {value!r}"
-        if legal and (bad := [v for v in value if v not in legal]):
-            return f"{knob.name}: {bad} not in {legal}"
-    if kind == "str" and legal and value not in legal:
-        return f"{knob.name} must be one of {legal}; got {value!r}"
-    return None
+                    if bad := _predicate_problem(p, catalog.knobs):
+                        at = ("knobs", knob.name, "requires", i, part)
+                        raise UserError(f"{path}:{line_of(catalog.lines, at)}: {bad}")
+    return catalog
 
 
 def _predicate_problem(p: expr.Predicate, knob_names: Iterable[str]) -> str | None:
@@ -366,9 +281,8 @@ def check_rule_file(path: Path, catalog: Catalog) -> tuple[Rule | None, list[Pro
         for key in ("to", "from"):
             if key in change and (msg := value_problem(knob, change[key])):
                 bad(("change", key), msg)
-        if "scale" in change and knob.spec.get("type") != "int":
-            bad(("change", "scale"), f"`scale` multiplies an int knob; {knob.name} is "
-                                     f"{knob.spec.get('type')}")
+        if "scale" in change and knob.type != "int":
+            bad(("change", "scale"), f"`scale` multiplies an int knob; {knob.name} is {knob.type}")
         if "at_most" in change and "scale" not in change:
             bad(("change", "at_most"), "`at_most` bounds a `scale` change")
         for sub, val in (change.get("with") or {}).items():

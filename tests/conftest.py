@@ -9,13 +9,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
-# CI clones main into a folder with a copy of shared/ beside it, as in development.
+# CI and development keep the corpus (public HTA, nsys-ai and TraceLens test traces) in a folder
+# beside the checkout; MOETUNE_CORPUS points elsewhere.
 CORPUS = Path(os.environ.get("MOETUNE_CORPUS", ROOT.parent / "shared" / "corpus"))
 
 
 @pytest.fixture(scope="session")
 def corpus() -> Path:
-    """The public trace corpus (../shared/corpus); tests that need it skip cleanly without it."""
+    """The public trace corpus (`CORPUS`); tests that need it skip cleanly without it."""
     if not (CORPUS / "public").is_dir():
         pytest.skip(f"public corpus not found at {CORPUS}")
     return CORPUS

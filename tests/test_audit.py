@@ -18,7 +18,6 @@ from moetune.analyzer.audit import (
     audit_trace,
     audit_validator,
     claim_of,
-    holds,
     judge,
     load_signatures,
 )
@@ -85,14 +84,41 @@ def test_signatures_only_name_existing_kernel_classes(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"unknown kernel class compute\.gemm\.fp9"):
         load_signatures(bad)
     doc = yaml.safe_load(SIGNATURES_PATH.read_text())
-    doc["signatures"][0]["ran_when"] = {"path": "observed.cuda_graphs_ran", "op": "eq", "value": True}
+    doc["signatures"][0]["ran_when"] = {"fact": "observed.cuda_graphs_ran", "op": "==", "value": True}
     bad.write_text(yaml.safe_dump(doc))
     with pytest.raises(UserError, match="not an observed field"):
         load_signatures(bad)
-    doc["signatures"][0]["ran_when"] = {"path": "observed.x", "op": "approx", "value": 1}
+    doc["signatures"][0]["ran_when"] = {"fact": "probe.nothing.count", "op": ">", "value": 0}
     bad.write_text(yaml.safe_dump(doc))
-    with pytest.raises(UserError, match="invalid signatures at signatures/0/ran_when"):
+    with pytest.raises(UserError, match="names an undeclared probe"):
         load_signatures(bad)
+    doc["signatures"][0]["ran_when"] = {"fact": "observed.x", "op": "approx", "value": 1}
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(UserError, match=r"invalid signatures at signatures/0/ran_when/op: unknown op 'approx'"):
+        load_signatures(bad)
+
+
+def test_signature_problems_name_file_and_line(tmp_path: Path) -> None:
+    """A bad fact path, a malformed predicate or one in the old `{path, op: eq}` form is refused
+    with the file and the line it stands on."""
+    lines = SIGNATURES_PATH.read_text().splitlines()
+    target = next(i for i, ln in enumerate(lines) if "fact: evidence.graph_kernels" in ln)
+
+    def refused(replacement: str) -> str:
+        edited = [*lines[:target], replacement, *lines[target + 1:]]
+        bad = tmp_path / "sig.yaml"
+        bad.write_text("\n".join(edited) + "\n")
+        with pytest.raises(UserError) as info:
+            load_signatures(bad)
+        assert f"{bad}:{target + 1}:" in str(info.value), str(info.value)
+        return str(info.value)
+
+    indent = lines[target][: len(lines[target]) - len(lines[target].lstrip())]
+    assert "not an observed field" in refused(indent + '- {fact: observed.nope, op: ">", value: 0}')
+    assert "not a fact path" in refused(indent + '- {fact: walls.host, op: ">", value: 0}')
+    assert "compares numbers" in refused(indent + '- {fact: evidence.graph_kernels, op: ">", value: many}')
+    assert "`fact:`" in refused(indent + '- {metric: evidence.graph_kernels, op: ">", value: 0}')
+    assert "unknown key" in refused(indent + "- {path: evidence.graph_kernels, op: gt, value: 0}")
 
 
 def test_signature_classes_exist_in_the_kernel_classes_yaml() -> None:
@@ -130,16 +156,30 @@ def test_claim_matching() -> None:
     assert claim_of(scope, {"cuda_graph_modules": ["attn"], "cuda_graph_impl": "local"})[0] == "ran"
 
 
-def test_condition_language() -> None:
-    facts = {"evidence": {"n": 3, "z": None}, "trace": {"mode": "graph"}}
-    assert holds({"path": "evidence.n", "op": "gt", "value": 2}, facts)
-    assert not holds({"path": "evidence.missing", "op": "ge", "value": 0}, facts)
-    assert holds({"path": "evidence.missing", "op": "missing"}, facts)
-    assert not holds({"path": "evidence.z", "op": "gt", "value": 0}, facts)  # null never orders
-    assert holds({"path": "evidence.z", "op": "eq", "value": None}, facts)
-    assert holds({"all": [{"path": "trace.mode", "op": "in", "value": ["graph", "node"]},
-                          {"not": {"path": "evidence.n", "op": "eq", "value": 0}}]}, facts)
-    assert not holds({"any": [{"path": "trace.mode", "op": "gt", "value": 1}]}, facts)  # str > int
+def test_conditions_count_only_when_true() -> None:
+    """Signature conditions are moetune.conditions predicates over the facts; a condition holds
+    only when it is true, so an unknown one (missing fact, null ordered, string vs number) is no
+    evidence: the verdict falls through to `inconclusive`, never to a guess."""
+    sig = {
+        "id": "t", "unobservable": [{"when": {"fact": "trace.gpu_kernels", "op": "==", "value": 0},
+                                     "reason": "no kernels"}],
+        "ran_when": {"any": [{"fact": "evidence.n", "op": ">", "value": 2},
+                             {"fact": "trace.mode", "op": "in", "value": ["graph"]}]},
+        "not_ran_when": {"all": [{"fact": "evidence.n", "op": "==", "value": 0},
+                                 {"fact": "evidence.z", "op": "==", "value": None}]},
+        "proves_ran": "r", "proves_not_ran": "n", "inconclusive": "i",
+    }
+    assert judge(sig, "ran", {"evidence": {"n": 3}})[0] == "confirmed"
+    assert judge(sig, "ran", {"trace": {"mode": "graph"}})[0] == "confirmed"
+    assert judge(sig, "ran", {"evidence": {"n": 0, "z": None}}) == ("contradicted", "claimed, but n")
+    assert judge(sig, "not_ran", {"evidence": {"n": 0, "z": None}}) == ("confirmed", "off as claimed: n")
+    # evidence.z missing (not null): the not-ran condition is unknown, so no verdict either way
+    assert judge(sig, "ran", {"evidence": {"n": 0}}) == ("unobservable", "i")
+    assert judge(sig, "ran", {"evidence": {"n": None}}) == ("unobservable", "i")  # null never orders
+    assert judge(sig, "ran", {"evidence": {"n": "three"}}) == ("unobservable", "i")  # str > int
+    assert judge(sig, "ran", {"trace": {"gpu_kernels": 0}, "evidence": {"n": 3}}) == (
+        "unobservable", "no kernels")
+    assert judge(sig, "ran", {})[0] == "unobservable"  # trace.gpu_kernels unknown: not "== 0"
 
 
 def test_judge_order_unobservable_first_then_swap_for_negative_claims() -> None:

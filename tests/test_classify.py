@@ -9,7 +9,8 @@ from moetune.analyzer.classify import class_table, classify, load_classes
 from moetune.errors import UserError
 from tests.diagnose_synthetic import ev, frame
 
-# Signatures from trace-formats.md §3 (and corpus kernel names) → expected class.
+# Kernel names from the libraries that define them (DeepEP, HybridEP, TransformerEngine, NCCL,
+# cuBLAS, Megatron-LM's Triton kernels) and from real traces → expected class.
 SIGNATURES = [
     ("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*)", "comm.deepep.dispatch"),
     ("void deep_ep::legacy::internode::combine<true, 8>(int4*)", "comm.deepep.combine"),
@@ -87,7 +88,7 @@ def test_real_trace_nccl_counts(corpus) -> None:
 
     ev_ = classify(load_trace([corpus / "public/kineto/hta_a100_2rank_nccl.json.gz"]).events)
     t = {r["kclass"]: r["count"] for r in class_table(ev_).to_dicts()}
-    # README §2: 21 NCCL kernels = 15 AllReduce + 6 Broadcast; 2,700 kernels in all
+    # 21 NCCL kernels (HTA's tests/test_trace_parse.py) = 15 AllReduce + 6 Broadcast; 2,700 in all
     assert (t["comm.nccl.allreduce"], t["comm.nccl.broadcast"]) == (15, 6)
     assert ev_.filter(pl.col("kind") == "kernel").height == 2700
     assert ev_.filter((pl.col("kind") == "kernel") & pl.col("kclass").is_null()).height == 0
@@ -98,7 +99,7 @@ def test_real_trace_nccl_counts(corpus) -> None:
 
 
 def test_rocm_hip_kernels_are_not_communication(corpus) -> None:
-    # HTA classifies every ^hip kernel as COMM; ours must not (trace-formats §4.1).
+    # HTA's kernel-type regexes make every ^hip kernel COMM; ours must not.
     from moetune.analyzer.readers import load_trace
 
     ev_ = classify(load_trace([corpus / "public/kineto/hta_mi250_minitoy.json.gz"]).events)

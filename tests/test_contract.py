@@ -189,6 +189,35 @@ def test_deprecated_names_warn_and_claims_use_current_names() -> None:
     assert "moe_enable_deepep" not in claims
 
 
+def test_deprecated_warnings_follow_the_knob_catalog() -> None:
+    """Every old spelling of rules/knobs.yaml warns, read as the catalog says; other names don't."""
+    from moetune import knobs
+
+    cat = knobs.load()
+    for old in cat.deprecated.values():
+        value = True if not old.renamed_to or cat.knobs[old.renamed_to].type == "bool" else 8
+        got = [str(p) for p in check_contract({"megatron_args": {old.arg: value}})
+               if "deprecated" in p.message]
+        read_as = old.renamed_to or ", ".join(f"{a}={v}" for a, v in old.sets.items())
+        assert got == [f"megatron_args.{old.arg}: deprecated "
+                       f"{'name' if old.renamed_to else 'switch'}; read as {read_as}"], old.arg
+    # a switch printed False states nothing to warn about
+    assert not [p for p in check_contract({"megatron_args": {"moe_enable_deepep": False}})
+                if "deprecated" in p.message]
+
+
+def test_contract_reads_deprecated_names_without_importing_megatron_args() -> None:
+    """contract.py and megatron_args.py both read deprecated spellings from moetune.knobs: the
+    contract module imports nothing of megatron_args, not even inside a function."""
+    import ast
+
+    tree = ast.parse((ROOT / "analyzer" / "contract.py").read_text(encoding="utf-8"))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "moetune.knobs" in imported
+    assert not any("megatron_args" in m for m in imported if m)
+
+
 def test_check_does_not_mutate_its_input() -> None:
     doc = yaml.safe_load(QWEN.read_text())
     before = copy.deepcopy(doc)

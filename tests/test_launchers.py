@@ -11,27 +11,63 @@ import time
 from pathlib import Path
 
 import pytest
-from moetune.executor.launchers import SAFE_ENV, RunSpec, get_launcher
+from moetune.executor.launchers import ENV_PROFILES, RunSpec, get_launcher
 from moetune.executor.launchers.slurm import sbatch_script
 from moetune.executor.logparse import parse_file
 
 from moetune.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = [*SAFE_ENV, "CANDIDATE_X"]
+MULTICAST_OFF = ENV_PROFILES["no-nvlink-multicast"]
+KEYS = [*MULTICAST_OFF, "CANDIDATE_X"]
 PRINT_ENV = f"import os; print({{k: os.environ.get(k) for k in {KEYS!r}}})"
 
 
-def test_local_runs_with_safe_env_and_log(tmp_path: Path) -> None:
+def test_local_run_gets_no_env_profile_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                  ) -> None:
+    """A user's run keeps NVLS: the multicast-off variables are not forced on it."""
+    for k in MULTICAST_OFF:
+        monkeypatch.delenv(k, raising=False)
     log = tmp_path / "run.log"
-    spec = RunSpec(argv=(sys.executable, "-c", PRINT_ENV), log_path=log,
-                   env={"CANDIDATE_X": "7", "NCCL_NVLS_ENABLE": "1"})
+    spec = RunSpec(argv=(sys.executable, "-c", PRINT_ENV), log_path=log, env={"CANDIDATE_X": "7"})
     res = get_launcher("local").launch(spec).wait()
     assert res.returncode == 0 and not res.timed_out
     text = log.read_text()
-    # the safe settings win even over a candidate that tries to turn NVLS back on
+    assert "'CANDIDATE_X': '7'" in text
+    assert all(f"'{k}': None" in text for k in MULTICAST_OFF), text
+
+
+def test_local_runs_with_env_profile_and_log(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    spec = RunSpec(argv=(sys.executable, "-c", PRINT_ENV), log_path=log,
+                   env={"CANDIDATE_X": "7", "NCCL_NVLS_ENABLE": "1"},
+                   env_profile="no-nvlink-multicast")
+    res = get_launcher("local").launch(spec).wait()
+    assert res.returncode == 0 and not res.timed_out
+    text = log.read_text()
+    # the profile wins even over a candidate that tries to turn NVLS back on
     assert "'NCCL_NVLS_ENABLE': '0'" in text and "'CANDIDATE_X': '7'" in text
     assert "'TORCH_SYMM_MEM_DISABLE_MULTICAST': '1'" in text and "'NVSHMEM_DISABLE_NVLS': '1'" in text
+
+
+def test_unknown_env_profile_is_user_error(tmp_path: Path) -> None:
+    spec = RunSpec(argv=(sys.executable, "-c", "pass"), log_path=tmp_path / "x.log",
+                   env_profile="nope")
+    with pytest.raises(UserError, match="unknown environment profile 'nope'"):
+        get_launcher("local").launch(spec)
+
+
+def test_gpu_scripts_keep_multicast_off_in_every_process() -> None:
+    """Our own device scripts run on lent machines that require multicast off: env.sh exports the
+    three variables (every child, each candidate the loop launches, inherits them), and every
+    script under bench/gpu sources it."""
+    gpu = ROOT / "bench" / "gpu"
+    env_sh = (gpu / "env.sh").read_text()
+    for k, v in MULTICAST_OFF.items():
+        assert f"{k}={v}" in env_sh and "export" in env_sh.split(f"{k}={v}")[0].rsplit("\n", 1)[-1]
+    for script in gpu.glob("*.sh"):
+        if script.name != "env.sh":
+            assert "source bench/gpu/env.sh" in script.read_text(), script
 
 
 def test_local_timeout_kills_the_process_group(tmp_path: Path) -> None:
@@ -154,7 +190,11 @@ def test_slurm_submit_poll_collect(tmp_path: Path, fake_slurm: Path) -> None:
                    slurm_options={"partition": "gpu", "exclusive": ""})
     script = sbatch_script(spec)
     assert "#SBATCH --partition=gpu" in script and "#SBATCH --exclusive" in script
-    assert "export NCCL_NVLS_ENABLE=0" in script and "srun --label " in script
+    assert "NCCL_NVLS_ENABLE" not in script and "srun --label " in script
+    from dataclasses import replace
+
+    opted = sbatch_script(replace(spec, env_profile="no-nvlink-multicast"))
+    assert "export NCCL_NVLS_ENABLE=0" in opted
     launcher = get_launcher("slurm", poll_s=0.2)
     handle = launcher.launch(spec)
     assert handle.job_id == "1000"

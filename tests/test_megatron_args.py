@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from moetune.analyzer import megatron_args as margs_mod
 from moetune.analyzer.contract import check_contract
 from moetune.analyzer.megatron_args import (
     contract_from_args,
@@ -19,6 +20,8 @@ from moetune.analyzer.megatron_args import (
     parse_world_size,
     strip_prefix,
 )
+
+from moetune import knobs
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "fixtures" / "logs"
@@ -219,3 +222,25 @@ def test_contract_from_real_h200_log_knows_te_is_absent_and_is_valid() -> None:
     assert doc["shape"]["micro_batch_size"] == 1 and doc["shape"]["global_batch_size"] == 8
     # a log without the warnings says nothing about versions: unknown, not absent
     assert "versions" not in contract_from_log(QWEN)
+
+
+def test_deprecated_names_are_the_knob_catalogs() -> None:
+    """Normalization reads the catalog's `deprecated` spellings (no table of its own): every old
+    name there is mapped as the catalog says, and only those are."""
+    assert not hasattr(margs_mod, "RENAMED") and not hasattr(margs_mod, "SWITCHES")
+    cat = knobs.load()
+    assert set(cat.deprecated) >= {"cuda_graph_scope", "moe_deepep_num_sms", "moe_hybridep_num_sms",
+                                   "moe_router_padding_for_fp8", "enable_cuda_graph",
+                                   "external_cuda_graph", "moe_enable_deepep", "moe_layer_recompute"}
+    for old in cat.deprecated.values():
+        if old.renamed_to:
+            k = cat.knobs[old.renamed_to]
+            value = {"bool": True, "int": 24, "list": ["attn"]}.get(k.type, "x")
+            args, notes = normalize_args({old.arg: value})
+            assert args == {old.renamed_to: value} and notes == [f"{old.arg} -> {old.renamed_to}"]
+        else:
+            args, notes = normalize_args({old.arg: True})
+            assert args == dict(old.sets) and len(notes) == 1
+            assert normalize_args({old.arg: False})[0] == dict(old.sets_when_false)
+    current = {"moe_frobnicate": 1, "cuda_graph_modules": ["attn"], "moe_enable_deepep_x": True}
+    assert normalize_args(current) == (current, [])

@@ -184,7 +184,8 @@ def test_fit_options_only_ever_reduce_memory():
 
 
 def test_qwen3_30b_peak_within_10_percent_of_published_measurement():
-    # moe-tuning-knowledge.md §8: Qwen3-30B-A3B, 16×H100, TP1 EP16, BF16, seq 4096: 62.166 GiB peak
+    # Megatron-MoE-ModelZoo best_practice: Qwen3-30B-A3B, 16×H100, TP1 EP16, BF16, seq 4096:
+    # 62.166 GiB peak
     m = spec("fit_qwen3_30b_h100.yaml")
     w = Workload(seq_length=4096, global_batch_size=1024, ep_overlap=True, cross_entropy_fusion=True)
     peak = estimate_memory(m, layout(m, ep=16, world=16), w, FitOptions()).peak_gib
@@ -216,11 +217,10 @@ def test_measured_peaks_from_real_megatron_core_runs():
                   + megatron_activation_bytes_without_sp(m, seq=r["seq_length"],
                                                          mbs=r["micro_batch_size"]))
         megatron_errors[r["name"]] = theirs / r["peak_allocated_bytes"] - 1
-    # measured 2026-11-29, predicted/measured − 1: +1.0 %, +5.3 %, +4.5 % (full recompute),
-    # −1.2 %, −8.0 % (seq 4096) — docs/planner.md, "Measured"
+    # ours within ±10 % of every measured peak (the figures: docs/planner.md, "Measured")
     assert all(abs(e) < 0.10 for e in errors.values()), errors
-    # Megatron's own estimate on the same runs: −28 %, −38 %, −8 %, −14 %, −51 % (it ignores MoE
-    # expert activations, recompute and the s² scores); ours is closer on every run
+    # and closer than Megatron's own estimate on every run, which ignores MoE expert activations,
+    # recompute and the s² scores
     assert all(abs(errors[k]) < abs(megatron_errors[k]) for k in errors), (errors, megatron_errors)
 
 

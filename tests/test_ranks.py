@@ -6,9 +6,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from moetune.analyzer.clocks import align_clocks
 from moetune.analyzer.frames import Trace, concat_traces
 from moetune.analyzer.graph import build_graph
-from moetune.analyzer.ranks import align_clocks, ranks_section, stragglers, summary_lines
+from moetune.analyzer.ranks import ranks_section, stragglers, summary_lines
 
 SHIFT = 123_456_789  # ns, rank 1's clock runs this far ahead
 

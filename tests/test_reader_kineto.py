@@ -1,5 +1,6 @@
-"""Kineto reader on the public corpus (counts from corpus/README.md and HTA's own tests) and on bad
-or odd inputs written into tmp_path. Numbers asserted here were read from the files themselves."""
+"""Kineto reader on the public corpus (HTA and TraceLens test traces) and on bad or odd inputs
+written into tmp_path. Numbers asserted here were read from the files themselves or come from HTA's
+own tests."""
 
 from __future__ import annotations
 
@@ -330,7 +331,7 @@ def test_tracelens_no_credentials(corpus: Path) -> None:
         assert not cells.str.contains(s, literal=True).any(), s
 
 
-# HTA 0.5.0 get_temporal_breakdown() on these files (corpus/README.md §4.2), µs:
+# HTA 0.5.0 get_temporal_breakdown() on these files, µs:
 # idle, compute, non-compute, kernel time.
 HTA_TEMPORAL = {
     "hta_a100_2rank_nccl": (338_781, 75_169, 21_636, 435_586),
@@ -488,7 +489,7 @@ def test_invalid_utf8_is_replaced(tmp_path: Path) -> None:
 
 def test_graph_replay_ids(tmp_path: Path) -> None:
     """Newer Kineto (PR #1276): one cudaGraphLaunch, kernels sharing its correlation, each with
-    `graph id` / `graph node id` (trace-formats.md §1.5)."""
+    `graph id` / `graph node id`."""
     launch = ev(
         cat="cuda_runtime",
         name="cudaGraphLaunch",

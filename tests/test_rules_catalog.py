@@ -61,8 +61,8 @@ def test_rule_fixture(rid: str, kind: str, name: str) -> None:
         assert rid in ids(doc, "quiet")
         quiet = next(q for q in doc["quiet"] if q["rule"] == rid)
         assert quiet["quiet"] == RULES[rid].spec["quiet"]
-    else:
-        assert rid in ids(doc, "blocked")
+    else:  # blocked by the rules, or only by the environment (a prerequisite)
+        assert rid in ids(doc, "blocked") | ids(doc, "prerequisites")
         assert rid not in ids(doc, "recommendations")
 
 
@@ -82,7 +82,7 @@ def test_frozen_rule_ids() -> None:
 
 
 def test_starting_rules_covered() -> None:
-    # §11 starting rules 1-10 and the bring-up order each map to at least one rule's knob.
+    # the published starting rules (Megatron-Bridge perf skills) each map to at least one rule's knob.
     knobs = {r.knob for r in RULES.values()}
     assert {
         "moe_token_dispatcher_type", "overlap_moe_expert_parallel_comm", "cuda_graph_impl",
@@ -112,7 +112,7 @@ def test_healthy_fires_nothing() -> None:
 
 
 def test_memory_ladder_in_order() -> None:
-    """§4/§11.8: expandable segments, then selective recompute, then offload — applying each
+    """The memory ladder (Megatron-Bridge memory-tuning skill): expandable segments, then selective recompute, then offload — applying each
     recommendation to the contract unlocks the next, never the other way round."""
     s = load("full_recompute_memory")
     contract, diagnosis = s["contract"], s["diagnosis"]
@@ -166,3 +166,19 @@ def test_verify_names_an_audited_argument() -> None:
 def test_memory_expensive_changes_carry_expandable_caveat() -> None:
     r = next(r for r in result("eager_launch_bound")["recommendations"] if r["rule"] == "host.cuda-graphs")
     assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in c for c in r["caveats"])
+
+
+def test_environment_blocked_change_is_a_prerequisite_with_its_gain() -> None:
+    """A change only a missing package blocks is listed apart, with what it needs and unlocks."""
+    doc = result("a2a_comm_bound_no_deepep")
+    pre = {p["rule"]: p for p in doc["prerequisites"]}
+    assert "communication.flex-deepep" in pre, doc["blocked"]
+    p = pre["communication.flex-deepep"]
+    assert any("deep_ep" in n for n in p["needs"]) and p["gain"]["speedup"]["mid"] > 0
+    assert "communication.flex-deepep" not in ids(doc, "blocked")
+
+
+def test_no_recommendation_says_why() -> None:
+    doc = result("healthy")
+    assert doc["recommendations"] == []
+    assert doc["none_because"].startswith("the step is 72% compute")

@@ -168,3 +168,45 @@ def test_cli_rules_show_text(capsys: pytest.CaptureFixture) -> None:
     assert "Why:" in out and "Example: before:" in out and "Verify: audit moe_token_dispatcher_type confirmed" in out
     assert main(["rules", "list"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == len(load_rules())
+
+
+KNOBS_YAML = ROOT / "rules" / "knobs.yaml"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needle", "message"),
+    [
+        ("    bridge: train.manual_gc\n", "    bridge: train.manual_gc\n    section: \"5.8\"\n",
+         "section:", "unknown field 'section'"),
+        ("      - {flag: --moe-layer-recompute, sets: {recompute_granularity: selective,",
+         "      - {flag: --moe-layer-recompute, sets: {recompute_granularity: partial,",
+         "--moe-layer-recompute", "recompute_granularity must be one of"),
+        ("      - {flag: --fake-init-process-group, note:", "      - {flag: --moe-deepep-num-sms, note:",
+         "--moe-deepep-num-sms, note: \"documented", "--moe-deepep-num-sms belongs to both"),
+        ("then: {knob: fake_process_group, op: \"!=\", value: true}",
+         "then: {knob: fake_process_groups, op: \"!=\", value: true}",
+         "fake_process_groups", "unknown knob 'fake_process_groups'"),
+        ("then: {contract: shape.static, op: \"==\", value: true}",
+         "then: {contract: shape.statik, op: \"==\", value: true}",
+         "shape.statik", "unknown contract path 'shape.statik'"),
+        ("then: {knob: fake_process_group, op: \"!=\", value: true}",
+         "then: {knob: fake_process_group, op: \"~\", value: true}",
+         "op: \"~\"", "unknown op '~'"),
+    ],
+)
+def test_bad_knob_catalog_rejected_with_file_and_line(
+    tmp_path: Path, old: str, new: str, needle: str, message: str
+) -> None:
+    """The knob catalog is checked on load (moetune.knobs: schema, names, flags, deprecated
+    settings; rules.load: metric and contract paths); each problem names its file and line."""
+    from moetune.rules.load import load_catalog
+
+    text = KNOBS_YAML.read_text(encoding="utf-8")
+    assert text.count(old) == 1, old
+    text = text.replace(old, new)
+    path = tmp_path / "knobs.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError) as exc:
+        load_catalog(path)
+    assert str(exc.value).startswith(f"{path}:{line_of(text, needle)}: "), str(exc.value)
+    assert message in str(exc.value)

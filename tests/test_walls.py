@@ -155,7 +155,7 @@ def _hta_window_breakdown(path):
 
 
 HTA_ORACLES = {
-    # corpus README §4.2 (HTA 0.6.1 temporal breakdown, µs): kernel_time, idle, compute, non-compute
+    # HTA's get_temporal_breakdown() on these files (µs): kernel_time, idle, compute, non-compute
     "hta_a100_2rank_nccl": (435_586, 338_781, 75_169, 21_636),
     "hta_a100_alltoall_rank3of8": (383_404, 62_119, 234_760, 86_525),
     "hta_sampled_rank0": (600_058, 321_378, 106_252, 172_428),
@@ -166,7 +166,8 @@ HTA_ORACLES = {
 @pytest.mark.parametrize("name", sorted(HTA_ORACLES))
 def test_hta_temporal_breakdown_oracles(corpus, name) -> None:
     # Same event set and rounding as HTA, our classes and unions → HTA's numbers exactly: union
-    # compute = HTA compute, comm+copies = HTA non-compute (NCCL-only traces, trace-formats §4.4).
+    # compute = HTA compute, comm+copies = HTA non-compute (NCCL-only traces, where our comm classes
+    # and HTA's agree).
     assert _hta_window_breakdown(corpus / f"public/kineto/{name}.json.gz") == HTA_ORACLES[name]
 
 

@@ -93,3 +93,41 @@ def test_profile_writes_kineto_trace_of_window(tmp_path: Path) -> None:
     assert {"iteration 3", "iteration 4", "iteration 5"} <= set(names.to_list())
     assert (names == "forward").sum() == 3 and (names == "backward").sum() == 3
     assert trace.ranks.get_column("rank").to_list() == [0]
+
+
+def test_local_cuda_graphs_refused_in_one_line_where_megatron_core_cannot_run_them() -> None:
+    """megatron-core 0.19.2 without TE (H200 grid, bench/grid/README.md): whole-layer graphs of a
+    dropless MoE layer fail in capture, full recompute is asserted off, `attn` alone graphs nothing
+    in a MoE layer. The workload says so before it starts: exit 2, one line, no traceback."""
+    cases = [
+        (["--recompute-granularity", "full"], "does not run with --recompute-granularity full"),
+        ([], "captures whole MoE layers"),
+        (["--cuda-graph-modules", "moe"], "captures whole MoE layers"),
+        (["--cuda-graph-modules", "attn"], "builds no CUDA graph in MoE layers"),
+    ]
+    for extra, text in cases:
+        r = workload("--cuda-graph-impl", "local", *extra)
+        assert r.returncode == 2, (extra, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert r.stderr.startswith("moe_gpt: error: ") and text in r.stderr, r.stderr
+
+
+def test_local_cuda_graph_configurations_that_run_pass() -> None:
+    from moetune.executor.workloads.moe_gpt import build_parser, cuda_graph_refusal
+
+    ok = [
+        ["--cuda-graph-modules", "moe_router", "moe_preprocess"],  # partial: router graphs
+        ["--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"],  # whole
+        ["--cuda-graph-modules", "moe_router", "--recompute-granularity", "selective"],
+    ]
+    for extra in ok:
+        args = build_parser().parse_args([*TINY, "--cuda-graph-impl", "local", *extra])
+        assert cuda_graph_refusal(args) is None, extra
+    assert cuda_graph_refusal(build_parser().parse_args(TINY)) is None  # eager: never refused
+
+
+def test_token_dropping_needs_megatron_core() -> None:
+    r = workload("--moe-expert-capacity-factor", "1.0", "--workload-impl", "torch")
+    assert r.returncode == 2 and "needs the Megatron-Core implementation" in r.stderr
+    bad = workload("--moe-pad-expert-input-to-capacity")
+    assert bad.returncode == 2 and "needs --moe-expert-capacity-factor" in bad.stderr

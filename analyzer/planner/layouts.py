@@ -1,9 +1,11 @@
 """Legal Parallel Folding layouts: (TP, CP, DP, PP, VPP) × (ETP, EP, EDP) for a GPU count.
 
-Arithmetic and checks follow moe-tuning-knowledge.md §3 (MB-par, MLM-args): world % (TP·PP·CP) == 0,
-DP = world/(TP·PP·CP); world % (ETP·EP·PP) == 0, EDP = world/(ETP·EP·PP); PP is shared. Candidates
-are built from divisors, so those two hold by construction; every other check is a named
-`Constraint` whose rejections are counted, so an empty result can name what bound it.
+Arithmetic and checks follow Megatron-LM (`megatron/training/arguments.py`,
+`megatron/core/parallel_state.py`) and the MoE Parallel Folding paper (arXiv:2504.14960):
+world % (TP·PP·CP) == 0, DP = world/(TP·PP·CP); world % (ETP·EP·PP) == 0, EDP = world/(ETP·EP·PP);
+PP is shared. Candidates are built from divisors, so those two hold by construction; every other
+check is a named `Constraint` whose rejections are counted, so an empty result can name what bound
+it.
 """
 
 from __future__ import annotations

@@ -19,7 +19,15 @@ takes them as `cfg`, the built-in file when None.
 
 Deliberate simplifications (docs/planner.md lists them): fused (flash) attention, so only Q, K, V,
 the output and the softmax statistics are saved and `core_attn` recompute saves ~nothing
-(MB-recomp measured −0.01 %); no dropout; fused SwiGLU; bias-free linears.
+(Megatron-Bridge's activation-recompute skill measured −0.01 %); no dropout; fused SwiGLU;
+bias-free linears.
+
+Priced when a configuration says so (predict.py reads them from a contract, as given): unfused
+attention (`Workload.fused_attention` False: no Transformer Engine, the local spec) with its saved
+scores, its softmax-backward peak and its persistent score buffer (`UNFUSED_SCORE_*`, megatron-core
+0.19 `transformer/dot_product_attention.py` and `fusions/fused_softmax.py`; an H200 run's allocator
+history); full recompute by `recompute_method`/`recompute_num_layers` (`_full_recompute`, megatron-core
+`transformer/transformer_block.py`); fine-grained activation offload (`OFFLOAD_MODULES`).
 """
 
 from __future__ import annotations
@@ -303,6 +311,11 @@ class FitOptions:
     recompute_modules: tuple[str, ...] = ()
     precision_aware_optimizer: bool = False  # --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16
     optimizer_offload_fraction: float = 0.0
+    # as a contract gives them (the ladder keeps the defaults: uniform, one layer per checkpoint)
+    recompute_method: Literal["uniform", "block"] = "uniform"
+    recompute_num_layers: int = 1
+    offload_modules: tuple[str, ...] = ()  # --fine-grained-activation-offloading --offload-modules
+    activation_offload_fraction: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -320,6 +333,12 @@ class Workload:
     moe_imbalance: float = 1.0  # max/mean tokens per expert rank (capacity factor when dropping)
     ep_overlap: bool = False  # one extra warmup micro-batch [SCHED]
     fused_attention: bool = True  # False: local/unfused attention keeps the s×s scores
+    attention_dropout: float = 0.0  # unfused attention also keeps a dropout mask when > 0
+    # unfused attention's persistent bf16 score buffer (UNFUSED_SCORE_BUFFER) counts in the peak:
+    # True for a training run (predict.py, fit); False where it is held before the measured window
+    # (fixtures/planner/measured.json ran its configs in one process: its baseline holds the
+    # buffer of the earlier configs, tests/test_memory_prediction.py corrects for it)
+    score_buffer: bool = False
     cross_entropy_fusion: bool = False  # Megatron default: unfused vocab-parallel cross entropy
 
     def microbatches(self, dp: int) -> int | None:
@@ -335,18 +354,61 @@ class Workload:
 def layer_activation_per_token(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions,
                                is_moe: bool, *, cfg: PlannerConfig | None = None
                                ) -> dict[str, float]:
-    """Saved activations of one layer on one GPU, bytes per token of the s·b sequence, by part."""
-    c = cfg or builtin()
+    """Saved activations of one layer on one GPU, bytes per token of the s·b sequence, by part
+    (what stays on the GPU: inputs moved to the CPU by fine-grained offloading are left out)."""
+    return _layer_activations(m, lay, w, opts, is_moe, cfg or builtin())[0]
+
+
+# Unfused core attention (megatron-core 0.19 `transformer/dot_product_attention.py` with the torch
+# softmax of `fusions/fused_softmax.py` `forward_torch_softmax`, which runs whenever
+# `masked_softmax_fusion` is off or apex's kernels are absent), bytes per attention score
+# (b·a/TP·s² scores per layer). Dtype sizes and tensor lifetimes, not tunable assumptions, so they
+# live here rather than in planner.yaml; the saved part (fp32 softmax 4 + bf16 probabilities 2)
+# is planner.yaml's `unfused_attention_per_score` [KOR Table 2 counts 5 = 2 + 1 + 2: a 16-bit
+# softmax with a dropout mask].
+UNFUSED_SCORE_PEAK = 16  # alive while one layer's softmax backward runs (PyTorch autograd:
+#   the V-bmm backward has freed the bf16 probabilities): the saved fp32 softmax (4), the fp32
+#   score gradient cast from bf16 (4), `_softmax_backward_data`'s fp32 output (4) and an fp32
+#   temporary of the same size (4). The forward holds less: bf16 raw scores `matmul_result` (2) +
+#   their fp32 copy `input.float()` (4) + softmax (4) + bf16 probabilities (2) = 12. Seen in the
+#   allocator history of an H200 run (docs/planner.md, "Memory as given"): 60 B per score at the
+#   peak of 8 layers = 8 · 6 saved + 10 + the buffer's 2
+UNFUSED_SCORE_BUFFER = 2  # `parallel_state.get_global_memory_buffer().get_tensor(..., "mpu")`:
+#   the bf16 b·a/TP·s² input of `torch.baddbmm` (beta 0), allocated at the first forward and kept
+DROPOUT_MASK_BYTES = 1  # torch `native_dropout` saves a bool mask when attention_dropout > 0 (the
+#   dropped bf16 probabilities replace the undropped ones: +1 per score, [KOR]'s a·s²·b)
+
+# Fine-grained activation offloading (megatron-core 0.19 `transformer_config.py`
+# `offload_modules`): the input each module saves goes to the CPU after its forward and comes back
+# before its backward; `_layer_activations` takes each module's input out of the part it is in.
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
+                   "moe_act", "fused_group_mlp")
+
+
+def unfused_attention_saved_per_score(w: Workload, cfg: PlannerConfig) -> float:
+    """Bytes per score one layer's unfused attention keeps for backward (0 when fused)."""
+    if w.fused_attention:
+        return 0.0
+    return cfg.unfused_attention_per_score + (DROPOUT_MASK_BYTES if w.attention_dropout > 0 else 0)
+
+
+def _layer_activations(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, is_moe: bool,
+                       c: PlannerConfig) -> tuple[dict[str, float], float]:
+    """(saved bytes per token by part, bytes per token moved to the CPU by activation offload)."""
     h = m.hidden_size
     tp_div = lay.tp * lay.cp  # head/FFN-sharded tensors
     sp_div = lay.cp * (lay.tp if lay.sequence_parallel else 1)  # norm/residual tensors
     lin = c.linear_input_fp8 if w.fp8 else c.linear_input_bf16  # saved linear inputs
     mods = set(opts.recompute_modules) if opts.recompute == "selective" else set()
     if opts.recompute == "full":
-        return {"layer_input": 2 * h / sp_div}  # uniform full recompute keeps each layer's input
+        return {"layer_input": 2 * h / sp_div}, 0.0  # full recompute keeps the layer's input
+    off = set(opts.offload_modules)
+    moved: dict[str, float] = {}  # module -> bytes per token it sends to the CPU
     out: dict[str, float] = {"norm_inputs": 2 * (2 * h) / sp_div}
+    moved["attn_norm"] = moved["mlp_norm"] = 2 * h / sp_div
     if "layernorm" not in mods:  # LN outputs feeding QKV and FC1/router
         out["norm_outputs"] = 2 * lin * h / sp_div
+        moved["qkv_linear"] = lin * h / sp_div
     n = m.num_attention_heads
     if m.multi_latent_attention:
         qk, rope, v = m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim
@@ -354,38 +416,58 @@ def layer_activation_per_token(m: ModelSpec, lay: Layout, w: Workload, opts: Fit
         out["mla_latents"] = (2 + lin) * latent / sp_div  # latent norm input + up-proj input
         if "mla_up_proj" not in mods:
             out["qkv"] = 2 * n * (2 * (qk + rope) + v) / tp_div
+            moved["core_attn"] = out["qkv"]
         out["attn_out"] = (2 * n * v + c.softmax_stats_per_head * n) / tp_div  # O + stats
+        moved["attn_proj"] = 2 * n * v / tp_div
     else:
         qd, kvd = n * m.kv_channels, m.num_query_groups * m.kv_channels
         out["qkv"] = 2 * (qd + 2 * kvd) / tp_div
+        moved["core_attn"] = out["qkv"]
         out["attn_out"] = (2 * qd + c.softmax_stats_per_head * n) / tp_div
+        moved["attn_proj"] = 2 * qd / tp_div
     if not w.fused_attention and "core_attn" not in mods:
         # unfused DotProductAttention (megatron-core `dot_product_attention.py`, torch softmax
         # fallback with attention_softmax_in_fp32=True): the fp32 softmax output (4·a·s²·b) and
         # the bf16 probabilities fed to the V bmm (2·a·s²·b) are saved [KOR's 5as²b has dropout]
         # queries split by TP heads, CP
-        out["attn_scores"] = c.unfused_attention_per_score * n * w.seq_length / tp_div
+        out["attn_scores"] = unfused_attention_saved_per_score(w, c) * n * w.seq_length / tp_div
     gate = 2 if m.swiglu else 1
     if not is_moe:
         if "mlp" not in mods:
             f = m.ffn_hidden_size
             out["mlp"] = (2 * gate * f + lin * f) / tp_div
-        return out
-    if "moe" in mods:
-        return out  # the MoE checkpoint keeps only its input (the LN output above)
-    e, k, f = m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size
-    out["router"] = c.router_per_expert * e / sp_div  # fp32 logits + probs
-    # Per GPU the experts see s·b·k·imb·ETP/(TP·CP) token copies (ETP ranks share tokens, split
-    # F): FC1 input (h), FC1 output (gate·F/ETP), activation output = FC2 input (F/ETP) [EXP].
-    copies = k * w.moe_imbalance / tp_div
-    expert = copies * (lin * h * lay.etp + 2 * gate * f)
-    if "moe_act" not in mods:
-        expert += copies * lin * f
-    out["experts"] = expert
-    s = m.moe_shared_expert_intermediate_size
-    if s and "shared_experts" not in mods:
-        out["shared_expert"] = (2 * gate * s + lin * s) / tp_div
-    return out
+    elif "moe" not in mods:  # the MoE checkpoint keeps only its input (the LN output above)
+        e, k, f = m.num_experts, m.moe_router_topk, m.moe_ffn_hidden_size
+        out["router"] = c.router_per_expert * e / sp_div  # fp32 logits + probs
+        # Per GPU the experts see s·b·k·imb·ETP/(TP·CP) token copies (ETP ranks share tokens,
+        # split F): FC1 input (h), FC1 output (gate·F/ETP), activation output = FC2 input (F/ETP)
+        # [EXP].
+        copies = k * w.moe_imbalance / tp_div
+        expert = copies * (lin * h * lay.etp + 2 * gate * f)
+        moved["expert_fc1"] = copies * lin * h * lay.etp
+        moved["moe_act"] = copies * 2 * gate * f
+        if "moe_act" not in mods:
+            expert += copies * lin * f
+        out["experts"] = expert
+        moved["fused_group_mlp"] = expert
+        s = m.moe_shared_expert_intermediate_size
+        if s and "shared_experts" not in mods:
+            out["shared_expert"] = (2 * gate * s + lin * s) / tp_div
+    if not off:
+        return out, 0.0
+    # what each offloaded module's input is part of (its saved bytes leave the GPU)
+    home = {"attn_norm": "norm_inputs", "mlp_norm": "norm_inputs", "qkv_linear": "norm_outputs",
+            "core_attn": "qkv", "attn_proj": "attn_out", "expert_fc1": "experts",
+            "moe_act": "experts", "fused_group_mlp": "experts"}
+    total = 0.0
+    for mod in sorted(off):
+        part = home.get(mod)
+        if part not in out or mod not in moved:
+            continue
+        b = min(moved[mod] * opts.activation_offload_fraction, out[part])
+        out[part] -= b
+        total += b
+    return out, total
 
 
 def dispatch_buffer_per_token(m: ModelSpec, lay: Layout, w: Workload) -> float:
@@ -447,20 +529,54 @@ class _Kind:
     dense: float
     expert: float
     saved: float
-    rebuilt: float  # recomputed in backward (saved without recompute − saved)
+    rebuilt: float  # recomputed in backward (saved without recompute − saved − offloaded)
+    full: float = 0.0  # saved without recompute or offload
+    reload: float = 0.0  # offloaded to the CPU, back on the GPU for the layer in backward
+    attn_extra: float = 0.0  # unfused attention: scores alive beyond the saved ones while it runs
 
 
 def _per_kind(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions,
               cfg: PlannerConfig) -> dict[bool, _Kind]:
     none = FitOptions(recompute="none")
     out = {}
+    attn_extra = 0.0
+    if not w.fused_attention:
+        # one layer's softmax backward: UNFUSED_SCORE_PEAK less what that layer saved (freed by
+        # then or counted as saved); with `core_attn` or full recompute the saved part is rebuilt
+        attn_extra = ((UNFUSED_SCORE_PEAK - unfused_attention_saved_per_score(w, cfg))
+                      * m.num_attention_heads * w.seq_length / (lay.tp * lay.cp))
     for is_moe in (False, True):
         p = layer_params(m, is_moe)
-        saved = sum(layer_activation_per_token(m, lay, w, opts, is_moe, cfg=cfg).values())
+        parts, moved = _layer_activations(m, lay, w, opts, is_moe, cfg)
+        saved = sum(parts.values())
         full = sum(layer_activation_per_token(m, lay, w, none, is_moe, cfg=cfg).values())
         out[is_moe] = _Kind(p.dense / lay.tp + p.replicated, p.expert / (lay.ep * lay.etp),
-                            saved, full - saved)
+                            saved, full - saved - moved, full, moved, attn_extra)
     return out
+
+
+def _full_recompute(lay: Layout, rank: int, pattern: tuple[int, ...], opts: FitOptions,
+                    kinds: Mapping[bool, _Kind]) -> tuple[float, float]:
+    """(saved, rebuilt) bytes per token of rank `rank` under full recompute as Megatron-Core's
+    `TransformerBlock._checkpointed_forward` runs it, per model chunk: `uniform` checkpoints
+    groups of `recompute_num_layers` layers (keeps each group's input, rebuilds a whole group in
+    its backward); `block` checkpoints the first `recompute_num_layers` layers of the chunk and
+    keeps every activation of the others."""
+    n = opts.recompute_num_layers  # block: 0 recomputes nothing; uniform: groups of ≥ 1
+    saved = rebuilt = 0.0
+    for c in range(lay.chunks):
+        layers = lay.stages[c * lay.pp + rank]
+        kind = [kinds[bool(pattern[i])] for i in layers]
+        if opts.recompute_method == "block":
+            head, tail = kind[:n], kind[n:]
+            saved += sum(k.saved for k in head) + sum(k.full for k in tail)
+            rebuilt = max([rebuilt, *(k.rebuilt for k in head)])
+        else:
+            for g in range(0, len(kind), max(1, n)):
+                group = kind[g:g + max(1, n)]
+                saved += group[0].saved
+                rebuilt = max(rebuilt, sum(k.full for k in group) - group[0].saved)
+    return saved, rebuilt
 
 
 @lru_cache(maxsize=4096)
@@ -510,7 +626,17 @@ def _rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, rank:
 
     sb = w.seq_length * w.micro_batch_size
     inflight = inflight_layer_microbatches(lay, rank, w.microbatches(lay.dp), w.ep_overlap)
-    activations = sb * inflight * (n_dense * kinds[False].saved + n_moe * kinds[True].saved)
+    rebuilt = max((k.rebuilt for k in present), default=0.0)
+    if opts.recompute == "full" and (opts.recompute_method, opts.recompute_num_layers) != \
+            ("uniform", 1):
+        saved, rebuilt = _full_recompute(lay, rank, m.moe_pattern, opts, kinds)
+    else:
+        saved = n_dense * kinds[False].saved + n_moe * kinds[True].saved
+    activations = sb * inflight * saved
+    if not w.fused_attention and w.score_buffer:
+        # the unfused attention's persistent bf16 score buffer, one micro-batch's size
+        activations += sb * UNFUSED_SCORE_BUFFER * m.num_attention_heads * w.seq_length / (
+            lay.tp * lay.cp)
     if first:
         activations += cfg.token_id * sb * inflight  # token ids of in-flight micro-batches
     logits = 0.0
@@ -524,9 +650,12 @@ def _rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, rank:
         logits = (sb * (cfg.final_norm_output * h + per_vocab * vocab) / (lay.tp * lay.cp)
                   * (1 + m.mtp_num_layers))
         activations += sb * m.mtp_num_layers * mtp_kind.saved
-    # recomputation rebuilds one layer's discarded activations during its backward
-    rebuilt = max((k.rebuilt for k in present), default=0.0)
-    transient = sb * (rebuilt + dispatch_buffer_per_token(m, lay, w))
+    # recomputation rebuilds one layer's discarded activations during its backward (a group's
+    # with uniform recompute of N layers) and offloaded inputs come back for it; the dispatch
+    # buffers (MoE part) and the unfused attention's transient scores are not alive at once
+    reload = max((k.reload for k in present), default=0.0)
+    attn = max((k.attn_extra for k in present), default=0.0)
+    transient = sb * (rebuilt + max(dispatch_buffer_per_token(m, lay, w), attn) + reload)
     # the logit/cross-entropy buffers are freed once the output layer's backward is done, before
     # any decoder layer is recomputed: on the last stage only the excess over them adds
     transient = max(0.0, transient - logits)

@@ -37,8 +37,10 @@ from moetune.analyzer.planner.memory import (
     model_spec,
     total_params,
 )
+from moetune.analyzer.planner.predict import options_cost, stated_options, workload_from_contract
 
 from moetune.errors import UserError
+from moetune.knobs import render_flag
 
 SCHEMA_ID = "moetune.fit/1"
 
@@ -109,6 +111,7 @@ class Request:
     current: tuple[int, int, int, int | None, int, int] | None  # tp, cp, pp, vpp, ep, etp
     source: str | None = None
     config: PlannerConfig = field(default_factory=builtin)  # planner.yaml (+ user override)
+    given: Rung | None = None  # the contract's own recompute/offload settings, priced as given
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,32 +147,18 @@ def request_from_contract(doc: Mapping[str, Any], *, gpus: int | None = None,
         raise UserError(f"contract lacks {', '.join(missing)} (needed by fit)", path=source)
     per_node = int(per_node or 8)
     world = int(gpus) if gpus is not None else int(hw["nodes"]) * per_node
-    routing = doc.get("routing") or {}
-    precision = doc.get("precision") or {}
-    if routing.get("capacity_factor"):
-        imbalance = float(routing["capacity_factor"])
-    else:
-        imbalance = 1.0 if routing.get("force_balancing") else cfg.moe_imbalance_natural
-    params = precision.get("params") or "bf16"
-    ep_overlap = bool(margs.get("overlap_moe_expert_parallel_comm"))
-    work = Workload(
-        seq_length=int(seq),
-        micro_batch_size=int(shape.get("micro_batch_size") or 1),
-        global_batch_size=shape.get("global_batch_size"),
-        fp8=bool(precision.get("fp8_format") or margs.get("fp8")),
-        param_bytes=cfg.param_bytes_for(str(params)),
-        main_grad_bytes=cfg.main_grad_bytes_for(margs.get("main_grads_dtype")),
-        moe_imbalance=imbalance,
-        ep_overlap=ep_overlap,
-        cross_entropy_fusion=bool(margs.get("cross_entropy_loss_fusion")),
-    )
+    work = workload_from_contract(doc, cfg, source=source)  # shapes + the attention that runs
+    ep_overlap = work.ep_overlap
+    dist = training.get("distributed_optimizer", margs.get("use_distributed_optimizer"))
+    given = stated_options(doc)  # the contract's own recompute/offload, priced as given
+    if given is not None:  # with expandable segments: plan_env sets them for every plan
+        given = replace(given, expandable_segments=True, distributed_optimizer=bool(dist))
     par = doc.get("parallelism") or {}
     current = None
     if par:
         tp = int(par.get("tp") or 1)
         current = (tp, int(par.get("cp") or 1), int(par.get("pp") or 1), par.get("vpp"),
                    int(par.get("ep") or 1), int(par.get("etp") or tp))
-    dist = training.get("distributed_optimizer", margs.get("use_distributed_optimizer"))
     return Request(
         model=model, work=work,
         topo=Topology(world, per_node, int(hw.get("nvlink_domain_size") or per_node)),
@@ -177,6 +166,9 @@ def request_from_contract(doc: Mapping[str, Any], *, gpus: int | None = None,
         distributed_optimizer=bool(dist), ep_overlap=ep_overlap,
         dispatcher=margs.get("moe_token_dispatcher_type"), current=current, source=source,
         config=cfg,
+        given=None if given is None else Rung(
+            "as_given", given, options_cost(given, cfg, model=model),
+            f"the contract's own settings ({fit_summary(given)}), priced as given"),
     )
 
 
@@ -195,6 +187,12 @@ def fit_layout(req: Request, lay: Layout, ladder: list[Rung]) -> tuple[Rung, Mem
     """The first rung that leaves `fit.headroom_wanted` free, else the first that fits at all,
     else None."""
     cap = req.gpu_memory_gib * GIB
+    if req.given is not None and req.current == (lay.tp, lay.cp, lay.pp, lay.vpp, lay.ep, lay.etp):
+        # the contract's own layout with its own settings, as given; the ladder only if that
+        # does not fit
+        est = estimate_memory(req.model, lay, req.work, req.given.options, cfg=req.config)
+        if est.peak_bytes <= cap:
+            return req.given, est
     first_fit = None
     for rung in ladder:
         est = estimate_memory(req.model, lay, req.work, rung.options, cfg=req.config)
@@ -421,32 +419,9 @@ def plan_args(plan: Plan) -> list[tuple[str, Any]]:
     return args
 
 
-def flag_spelling(arg: str) -> str:
-    """The knob catalog's flag (rules/knobs.yaml, the one home of spellings); arguments it lacks
-    fall back to Megatron's generated form `foo_bar` → `--foo-bar` (seed §1)."""
-    from moetune.rules.load import load_catalog
-
-    knob = load_catalog().knobs.get(arg)
-    if knob is not None and knob.spec.get("flag"):
-        return str(knob.spec["flag"])
-    return "--" + arg.replace("_", "-")
-
-
-def render_flag(arg: str, value: Any) -> str:
-    flag = flag_spelling(arg)
-    if value is True:
-        return flag
-    if isinstance(value, list | tuple):
-        return f"{flag} {' '.join(str(v) for v in value)}"
-    if isinstance(value, float):
-        return f"{flag} {value:g}"
-    if isinstance(value, str) and any(c in value for c in "|()*"):
-        return f"{flag} '{value}'"  # shell-quote layout strings
-    return f"{flag} {value}"
-
-
 def megatron_flags(plan: Plan) -> list[str]:
-    """Current Megatron-LM flags for the plan, one string per argument."""
+    """Current Megatron-LM flags for the plan, one string per argument (moetune.knobs spells and
+    quotes them: the catalog's flag, else `--foo-bar`)."""
     return [render_flag(a, v) for a, v in plan_args(plan)]
 
 

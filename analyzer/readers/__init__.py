@@ -7,7 +7,6 @@ A directory expands to the trace files inside it (one per rank).
 from __future__ import annotations
 
 import gzip
-import os
 import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,9 @@ from pathlib import Path
 
 import polars as pl
 from moetune.analyzer.frames import Trace, concat_traces
+from moetune.analyzer.readers.cores import cpu_count
+from moetune.analyzer.readers.kineto import read_kineto, trim_heap
+from moetune.analyzer.readers.nsys import read_nsys
 
 from moetune.errors import UserError
 
@@ -116,13 +118,6 @@ def open_bytes(path: Path) -> bytes:
         raise UserError(f"corrupt or truncated gzip ({exc})", path=path) from None
 
 
-def cpu_count() -> int:
-    """Cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
-
-
 def load_trace(paths: Sequence[str | Path]) -> Trace:
     """Read every path (files or directories of per-rank files) into one Trace.
 
@@ -134,8 +129,6 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
     kineto = [i for i, fmt in enumerate(formats) if fmt == "kineto"]
     read: dict[int, Trace] = {}
     if kineto:
-        from moetune.analyzer.readers.kineto import read_kineto, trim_heap
-
         # Ranks' files are read side by side: the compiled scanner and polars release the GIL.
         # Each read gets its share of the cores; results are taken in file order, so of the
         # Kineto files the first bad one in that order is the error reported.
@@ -149,8 +142,6 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
         trim_heap()  # the reads' freed C memory: to the OS, not kept beside polars' own heap
     for i, fmt in enumerate(formats):
         if fmt != "kineto":
-            from moetune.analyzer.readers.nsys import read_nsys
-
             read[i] = read_nsys(files[i], first_rank=i)
     trace = concat_traces([read[i] for i in range(len(files))])
     _check_ranks(trace, files)
@@ -163,8 +154,6 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
 def _read_side_by_side(files: list[Path], ranks: list[int], workers: int, threads: int
                        ) -> dict[int, Trace]:
     """Kineto files read by a thread pool, keyed by their default rank, in the given order."""
-    from moetune.analyzer.readers.kineto import read_kineto
-
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {r: pool.submit(read_kineto, f, default_rank=r, threads=threads)
                    for f, r in zip(files, ranks, strict=True)}

@@ -9,9 +9,10 @@ Speed matters (traces reach GBs): msgspec decodes straight into Structs that dec
 fields we use, so unknown keys (`metadata`, env blocks, `Input Dims`, …) are skipped without ever
 becoming Python objects, and columns are built with one list comprehension each. Only whitelisted
 top-level fields (`distributedInfo`, `deviceProperties`, `baseTimeNanoseconds`) are decoded at all:
-harness metadata may carry credentials (trace-formats.md §1.1). Files above `RAW_MIN_BYTES` keep
-`traceEvents` as raw slices of the mmap and decode them `CHUNK` events at a time, so only one
-chunk's Structs are alive (peak RSS −10…30 %; bench/README.md). On that path:
+harness metadata may carry credentials (torch.profiler's `add_metadata_json` takes any top-level
+key a harness hands it, and libkineto's output_json.cpp writes it verbatim). Files above
+`RAW_MIN_BYTES` keep `traceEvents` as raw slices of the mmap and decode them `CHUNK` events at a
+time, so only one chunk's Structs are alive (peak RSS −10…30 %; bench/README.md). On that path:
 
 - each chunk is decoded in place: the file is mapped privately (copy-on-write, never written
   back) and `[`/`]` are written around the chunk's span, instead of joining its slices into a copy;
@@ -51,6 +52,7 @@ from moetune.analyzer.frames import (
     Trace,
     conform,
 )
+from moetune.analyzer.readers.cores import cpu_count
 
 from moetune.errors import UserError
 
@@ -581,8 +583,6 @@ def _scan_columns(data: bytes | mmap.mmap, threads: int | None = None
     reason it declined the file (a string); or None when it is not built or switched off."""
     if _kineto_scan is None or not USE_COMPILED:
         return None
-    from moetune.analyzer.readers import cpu_count
-
     cores = SCAN_THREADS or threads or cpu_count()
     threads = max(1, min(cores, len(data) // SCAN_PART_BYTES))
     release = isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")
@@ -979,7 +979,8 @@ def _comms(meta: pl.DataFrame, events: pl.DataFrame, rank: int) -> pl.DataFrame:
        writer copied the same metadata onto, joined by External id);
     2. NCCL kernels with metadata whose host call is not in the file;
     3. where a call has no metadata at all (old traces), its `nccl:<coll>` / `gloo:<coll>`
-       annotation, collective = the suffix, other fields null (trace-formats.md §1.4).
+       annotation (the profiling title PyTorch's c10d gives the call, ProcessGroupNCCL.cpp:
+       `nccl:all_reduce`, …), collective = the suffix, other fields null.
     """
     cols = [
         "ts_ns",

@@ -1,6 +1,6 @@
 """Nsight Systems SQLite export → canonical `Trace` (same frames as the Kineto reader).
 
-Mapping (trace-formats.md §2):
+Mapping (tables of the Nsight Systems SQLite export, NVIDIA Nsight Systems User Guide):
 
 - CUPTI_ACTIVITY_KIND_KERNEL → `kernel` (demangled name; graphNodeId/graphId when non-zero)
 - CUPTI_ACTIVITY_KIND_GRAPH_TRACE → `graph` (graph-level trace mode: one row per replay)
@@ -13,7 +13,8 @@ Mapping (trace-formats.md §2):
 Ranks: one per (process, device) pair that ran GPU work, numbered from `first_rank` in
 (device, pid) order, unless every process carries an NCCL `ncclCommInitRank` payload naming its
 rank. GPU and sync rows have pid = device and tid = stream (as in Kineto); host rows keep the
-host pid/tid (globalTid decoded as in trace-formats.md §2.2).
+host pid/tid (globalTid decoded as the Nsight Systems docs' SQLite examples do: pid =
+globalTid / 0x1000000 % 0x1000000, tid = globalTid % 0x1000000).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ NVTX = "NVTX_EVENTS"
 
 I64 = pl.Int64
 NONE_U32 = 0xFFFFFFFF  # CUPTI's "no id" for stream / event ids
-PID_SQL = "((({c}) >> 24) & 16777215)"  # globalPid / globalTid → OS pid (trace-formats §2.2)
+PID_SQL = "((({c}) >> 24) & 16777215)"  # globalPid / globalTid → OS pid (module docstring)
 TID_SQL = "(({c}) & 16777215)"
 
 # Runtime/driver calls that only query state. Kineto does not record them and nsys records them

@@ -4,7 +4,16 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; [ "${KEEP_W:-0}" = 1 ] || rm -rf "$W"; mkdir -p "$OUT" "$W"  # KEEP_W=1: resume
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || { echo "wheel install failed" | tee "$OUT/summary.txt"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# moetune is not installed on the device: its folders are mapped into the `moetune` package only by
+# installation (pyproject package-dir), so build that package as links under /tmp/mt
+rm -rf /tmp/mt && mkdir -p /tmp/mt/moetune
+for f in "$PWD"/moetune/*; do ln -s "$f" /tmp/mt/moetune/; done
+for d in analyzer rules executor schemas; do ln -sfn "$PWD/$d" /tmp/mt/moetune/$d; done
+# PYTHONSAFEPATH: `python3 -m`/`-c` must not put the working directory first on sys.path, where the
+# repo's own moetune/ folder (without the mapped folders) would shadow /tmp/mt/moetune
+export PYTHONPATH=/tmp/site:/tmp/mt:$PWD PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
+python3 -c "import moetune.executor.workloads.moe_gpt" \
+  || { echo "moetune namespace under /tmp/mt does not import" | tee "$OUT/summary.txt"; exit 1; }
 # NVLink multicast off in every process (KINDS.md: it can take the host's GPUs out of service)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 S="$OUT/summary.txt"

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from moetune.executor.launchers.base import SAFE_ENV, Launcher, RunResult, RunSpec, run_env
+from moetune.executor.launchers.base import (
+    ENV_PROFILES,
+    Launcher,
+    RunResult,
+    RunSpec,
+    profile_env,
+    run_env,
+)
 
 from moetune.errors import UserError
 
@@ -29,4 +36,5 @@ def get_launcher(name: str, **options) -> Launcher:
     raise UserError(f"unknown launcher {name!r} (one of {', '.join(NAMES)})")
 
 
-__all__ = ["NAMES", "SAFE_ENV", "Launcher", "RunResult", "RunSpec", "get_launcher", "run_env"]
+__all__ = ["ENV_PROFILES", "NAMES", "Launcher", "RunResult", "RunSpec", "get_launcher", "profile_env",
+           "run_env"]

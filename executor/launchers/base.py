@@ -1,7 +1,8 @@
 """The launcher interface: `command(spec) -> list[str]` and `launch(spec) -> RunHandle`.
 
-Every launcher builds the environment with `run_env`, which always sets the variables the lent
-GPU machines require (NVLink multicast off), and writes the run's combined stdout/stderr to
+Every launcher builds the environment with `run_env` — the caller's environment, the candidate's
+additions, then the variables of the spec's environment profile, if it names one — and writes the
+run's combined stdout/stderr to
 `spec.log_path`. A handle can be polled, waited on with a timeout (then killed: a hang is a
 result, not a wait forever) and killed.
 """
@@ -19,11 +20,16 @@ from typing import Protocol
 
 from moetune.errors import UserError
 
-# Required on the lent H200 machines (NVLS / symmetric-memory multicast break there).
-SAFE_ENV: Mapping[str, str] = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
+# Environment profiles a user opts into (`--env-profile NAME`, or the contract's `env_profile`).
+# `no-nvlink-multicast`: NVLS collectives and symmetric-memory multicast off, for shared machines
+# where multicast can take GPUs out of service; it also turns off NVLS speed-ups, so it is never a
+# default on users' clusters.
+ENV_PROFILES: Mapping[str, Mapping[str, str]] = {
+    "no-nvlink-multicast": {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    },
 }
 
 
@@ -38,6 +44,7 @@ class RunSpec:
     nodes: int = 1
     name: str = "run"
     slurm_options: Mapping[str, str] = field(default_factory=dict)  # extra #SBATCH --key=value
+    env_profile: str | None = None        # a name of ENV_PROFILES, applied last
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +55,19 @@ class RunResult:
     log_path: Path
 
 
+def profile_env(name: str | None) -> Mapping[str, str]:
+    """The variables of an environment profile ({} for None)."""
+    if name is None:
+        return {}
+    if name not in ENV_PROFILES:
+        raise UserError(f"unknown environment profile {name!r} (known: {', '.join(ENV_PROFILES)})")
+    return ENV_PROFILES[name]
+
+
 def run_env(spec: RunSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.update(spec.env)
-    env.update(SAFE_ENV)  # last: a candidate may not turn multicast back on
+    env.update(profile_env(spec.env_profile))  # last: a candidate cannot undo the profile
     return env
 
 

@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from moetune.executor.launchers.base import SAFE_ENV, RunResult, RunSpec
+from moetune.executor.launchers.base import RunResult, RunSpec, profile_env
 
 from moetune.errors import UserError
 
@@ -36,7 +36,7 @@ def sbatch_script(spec: RunSpec) -> str:
     for key, value in spec.slurm_options.items():
         lines.append(f"#SBATCH --{key}={value}" if value != "" else f"#SBATCH --{key}")
     lines.append("set -o pipefail")
-    for key, value in {**spec.env, **SAFE_ENV}.items():
+    for key, value in {**spec.env, **profile_env(spec.env_profile)}.items():
         lines.append(f"export {key}={shlex.quote(str(value))}")
     if spec.cwd:
         lines.append(f"cd {shlex.quote(str(spec.cwd))}")

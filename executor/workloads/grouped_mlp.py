@@ -30,10 +30,25 @@ class TorchGroupedMLP(MegatronModule):
         torch.nn.init.normal_(self.weight2, 0.0, std / (2.0 * config.num_layers) ** 0.5)
         for p in (self.weight1, self.weight2):
             p.allreduce = False  # Megatron's mark for expert params (reduced over expert DP)
+        self._offs_key: tuple[int, ...] | None = None
+        self._offs: torch.Tensor | None = None
+
+    def _offsets(self, tokens_per_expert: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Cumulative expert offsets on the GPU. Counts on the host (Megatron's dispatchers hand
+        them over on the CPU) are copied once per distinct value: under drop-and-pad they never
+        change, so a CUDA-graph capture finds the device copy made by the eager pass before it
+        (a host-to-device copy from pageable memory cannot be captured)."""
+        if tokens_per_expert.is_cuda:
+            return torch.cumsum(tokens_per_expert, 0).to(torch.int32)
+        key = tuple(tokens_per_expert.tolist())
+        if key != self._offs_key:
+            self._offs = torch.cumsum(tokens_per_expert, 0).to(torch.int32).to(device)
+            self._offs_key = key
+        return self._offs
 
     def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor,
                 probs: torch.Tensor):
-        offs = torch.cumsum(tokens_per_expert.to(hidden.device), 0).to(torch.int32)
+        offs = self._offsets(tokens_per_expert, hidden.device)
         w1, w2 = self.weight1.to(hidden.dtype), self.weight2.to(hidden.dtype)
         inter = F.gelu(torch._grouped_mm(hidden, w1, offs=offs))
         inter = (inter * probs.unsqueeze(-1)).to(hidden.dtype)  # as MLP's per_token_scale

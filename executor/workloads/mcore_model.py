@@ -33,7 +33,11 @@ def init_parallel(a: Namespace) -> None:
         pipeline_model_parallel_size=1,
         expert_model_parallel_size=a.expert_model_parallel_size,
     )
-    model_parallel_cuda_manual_seed(a.seed)
+    # Megatron-Core's local CUDA graphs assert on the default tracker ("RNG tracker does not
+    # support cudagraphs!"); without TE the graph-safe one is CudaRNGStatesTracker with
+    # use_cudagraphable_rng (torch.Generator.graphsafe_{get,set}_state)
+    model_parallel_cuda_manual_seed(a.seed,
+                                    use_cudagraphable_rng=a.cuda_graph_impl == "local")
 
 
 def dp_size() -> int:
@@ -66,6 +70,10 @@ def build(a: Namespace) -> tuple[Any, Any, Any, str]:
     graphs: dict[str, Any] = {"cuda_graph_impl": a.cuda_graph_impl}
     if a.cuda_graph_impl != "none" and a.cuda_graph_modules:
         graphs["cuda_graph_modules"] = a.cuda_graph_modules
+    drop: dict[str, Any] = {}
+    if a.moe_expert_capacity_factor is not None:  # token dropping (drop-and-pad with the pad flag)
+        drop = {"moe_expert_capacity_factor": a.moe_expert_capacity_factor,
+                "moe_pad_expert_input_to_capacity": a.moe_pad_expert_input_to_capacity}
     fp8: dict[str, Any] = {}
     if a.fp8_format:
         fp8 = {"fp8": a.fp8_format, "fp8_recipe": "delayed"}
@@ -93,6 +101,7 @@ def build(a: Namespace) -> tuple[Any, Any, Any, str]:
         pipeline_dtype=torch.bfloat16 if a.bf16 else torch.float32,
         **recompute,
         **graphs,
+        **drop,
         **fp8,
     )
     if te:
@@ -112,6 +121,15 @@ def build(a: Namespace) -> tuple[Any, Any, Any, str]:
             moe_subs = mlp.keywords["submodules"] if hasattr(mlp, "keywords") else mlp.submodules
             moe_subs.experts = TorchGroupedMLP
             experts = "TorchGroupedMLP(torch._grouped_mm)"
+    if a.cuda_graph_impl == "local":
+        # GPT's layer specs build plain TransformerLayers, which graph a MoE layer whole or not at
+        # all; megatron-core's partial MoE graphs (router + preprocess, postprocess; the experts
+        # eager in between: cuda_graph_modules moe_router / moe_preprocess) live in
+        # MoETransformerLayer, which its hybrid specs use. Same parameters, same eager forward.
+        from megatron.core.transformer.transformer_layer import MoETransformerLayer
+
+        spec.module = MoETransformerLayer
+        experts += ", layers=MoETransformerLayer"
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,

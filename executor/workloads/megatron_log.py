@@ -1,5 +1,6 @@
-"""Megatron-LM's exact log line formats (megatron-log-formats.md), so every parser built for real
-Megatron output reads the workload's output too. Pure string functions; the trainer prints them."""
+"""Megatron-LM's exact log line formats (`training_log()` in `megatron/training/training.py`,
+`_print_args()` in `megatron/training/arguments.py`, `report_memory()`), so every parser built for
+real Megatron output reads the workload's output too. Pure string functions; the trainer prints them."""
 
 from __future__ import annotations
 

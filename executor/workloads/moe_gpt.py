@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--lr", type=float, default=1e-3)
     a("--moe-token-dispatcher-type", choices=["allgather", "alltoall"], default="allgather")
     a("--moe-grouped-gemm", action="store_true")
+    a("--moe-expert-capacity-factor", type=float, default=None,
+      help="Megatron-Core path: token dropping at this capacity per expert (default: dropless)")
+    a("--moe-pad-expert-input-to-capacity", action="store_true",
+      help="with --moe-expert-capacity-factor: pad every expert's input to its capacity "
+           "(drop-and-pad: static shapes, what local CUDA graphs of whole MoE layers need)")
     a("--recompute-granularity", choices=["full", "selective"], default=None)
     a("--recompute-modules", nargs="*", default=None)
     a("--cuda-graph-impl", choices=["none", "local"], default="none")
@@ -108,8 +113,41 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--profile-step-end must be greater than --profile-step-start")
     if args.moe_router_topk > args.num_experts:
         p.error("--moe-router-topk exceeds --num-experts")
+    if args.moe_pad_expert_input_to_capacity and args.moe_expert_capacity_factor is None:
+        p.error("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor")
+    refusal = cuda_graph_refusal(args)
+    if refusal:
+        print(f"moe_gpt: error: {refusal}", file=sys.stderr)
+        raise SystemExit(2)
     args.world_size, args.data_parallel_size = world, dp
     return args
+
+
+def cuda_graph_refusal(args: argparse.Namespace) -> str | None:
+    """Why megatron-core's local CUDA graphs cannot run this configuration (one line), or None.
+    Checked before anything starts, whichever implementation would run, so the refusal is the same
+    on every machine: megatron-core asserts the first (TransformerConfig) mid-setup."""
+    if args.cuda_graph_impl != "local":
+        return None
+    if args.recompute_granularity == "full":
+        return ("--cuda-graph-impl local does not run with --recompute-granularity full "
+                "(megatron-core allows full recompute only with full-iteration graphs); "
+                "use selective or no recompute")
+    modules = {m for m in (args.cuda_graph_modules or []) if m != "full"}
+    drop_pad = args.moe_expert_capacity_factor is not None and \
+        args.moe_pad_expert_input_to_capacity
+    whole = not modules or "moe" in modules  # the MoE layer captured whole
+    if whole and not drop_pad:
+        return ("--cuda-graph-impl local captures whole MoE layers here, and a dropless MoE layer "
+                "waits on the host for its token counts mid-layer, which no graph capture holds "
+                "(H200, megatron-core 0.19.2: cudaErrorStreamCaptureInvalidated); add "
+                "--cuda-graph-modules moe_router moe_preprocess (router graphs, experts eager) or "
+                "drop-and-pad (--moe-expert-capacity-factor F --moe-pad-expert-input-to-capacity)")
+    if not whole and not modules & {"moe_router", "moe_preprocess"}:
+        return (f"--cuda-graph-modules {' '.join(sorted(modules))} builds no CUDA graph in MoE "
+                "layers (megatron-core 0.19.2's MoETransformerLayer graphs the whole layer or "
+                "moe_router/moe_preprocess); the run would be eager")
+    return None
 
 
 def choose_impl(args: argparse.Namespace) -> str:
@@ -338,6 +376,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fp8_format and impl != "megatron":
         print("moe_gpt: error: --fp8-format needs Megatron-Core with Transformer Engine",
               file=sys.stderr)
+        return 2
+    if args.moe_expert_capacity_factor is not None and impl != "megatron":
+        print("moe_gpt: error: --moe-expert-capacity-factor needs the Megatron-Core "
+              "implementation (CUDA); the pure-PyTorch fallback is dropless", file=sys.stderr)
         return 2
     import torch
 

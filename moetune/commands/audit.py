@@ -10,7 +10,8 @@ import json
 import sys
 from typing import Any
 
-from moetune.analyzer.audit import audit, describe_claim
+from moetune.analysis import analyze
+from moetune.analyzer.audit import describe_claim
 from moetune.errors import GateFailed
 
 MARK = {"confirmed": "confirmed   ", "contradicted": "CONTRADICTED", "unobservable": "unobservable"}
@@ -32,7 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = audit(args.contract, args.traces, window=args.window)
+    doc = analyze(args.traces, args.contract, window=args.window, full=False).audit
+    assert doc is not None  # a contract was given
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=False))
     else:

@@ -28,13 +28,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from moetune.analyzer.diagnose import diagnose
+    from moetune.analysis import analyze
     from moetune.render import render_diagnosis, render_warnings
 
     paths = list(args.paths) or [DEFAULT_TRACE]
     if not args.paths and not DEFAULT_TRACE.exists():
         raise UserError("no PATH given and the default example trace is missing", path=DEFAULT_TRACE)
-    doc = diagnose(paths, window=args.window, contract=args.contract, step_range=args.step_range)
+    doc = analyze(paths, args.contract, window=args.window, step_range=args.step_range,
+                  audit=False).diagnosis
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     else:

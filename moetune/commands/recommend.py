@@ -81,23 +81,28 @@ def validate_diagnosis(doc: dict[str, Any], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moetune.rules.engine import Options, recommend
+    from moetune.analysis import analyze
+    from moetune.rules.engine import Options, recommend, thaw
     from moetune.rules.load import load_rules
 
     if args.top is not None and args.top < 1:
         raise UserError("--top must be at least 1")
     rules = load_rules([Path(d) for d in args.rules])
-    contract = _contract(args.contract)
+    options = Options(top=args.top, show_quiet=args.show_quiet,
+                      allow_non_equivalent=args.allow_non_equivalent)
     audit = _audit_doc(Path(args.audit)) if args.audit else None
     diagnosis = saved_diagnosis(args.inputs)
     if diagnosis is None:
-        diagnosis, traced_audit = _from_traces(args.inputs, args.contract, contract)
-        audit = audit if audit is not None else traced_audit
-    doc = recommend(
-        rules, diagnosis, contract, audit,
-        options=Options(top=args.top, show_quiet=args.show_quiet,
-                        allow_non_equivalent=args.allow_non_equivalent),
-    )
+        analysis = analyze(args.inputs, args.contract)
+        if audit is None:
+            doc = analysis.advise(rules, options=options).document
+        else:  # the user's saved audit stands in for the one this pass made
+            doc = recommend(rules, analysis.diagnosis, analysis.contract_doc, audit, options=options)
+    else:
+        from moetune.analysis import read_contract
+
+        con = read_contract(args.contract)
+        doc = recommend(rules, diagnosis, thaw(con.raw) if con else {}, audit, options=options)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     else:
@@ -108,46 +113,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _contract(path: str | None) -> dict[str, Any]:
-    """Validated contract as plain data (analyzer/contract.py raises UserError on bad input)."""
-    if not path:
-        return {}
-    from moetune.analyzer.contract import load_contract
-    from moetune.rules.engine import thaw
-
-    return thaw(load_contract(path))
-
-
 def _audit_doc(path: Path) -> Any:
     doc = read_json(path)
     if not isinstance(doc, dict) or "verdicts" not in doc:
         raise UserError("not an audit document (no `verdicts`)", path=path)
     return doc
-
-
-def _from_traces(
-    inputs: list[str], contract_path: str | None, contract: dict[str, Any]
-) -> tuple[dict[str, Any], Any]:
-    try:
-        from moetune.analyzer.diagnose import diagnose_trace
-        from moetune.analyzer.readers import expand, load_trace
-    except ImportError:
-        raise UserError("trace analysis is not available here: pass a saved diagnosis JSON") from None
-    files = expand(list(inputs))
-    trace = load_trace(list(inputs))
-    if not contract_path:
-        return diagnose_trace(trace, files=files, contract=contract or None), None
-    from moetune.analyzer import diagnose as diag
-    from moetune.analyzer.audit import AuditRun
-    from moetune.analyzer.contract import load_contract
-
-    # one diagnosis pass serves both: the audit measures its probes as a diagnose section
-    run = AuditRun(load_contract(contract_path), trace)
-    sections = [*diag.SECTIONS, ("audit", run.section)] if run.todo and run.gpu_rows else None
-    diagnosis = diagnose_trace(trace, files=files, contract=contract or None, sections=sections,
-                               classes=run.classes)
-    audit = run.document(diagnosis if sections else None, files=files)
-    return diagnosis, audit
 
 
 # ----------------------------------------------------------------------------- text
@@ -208,6 +178,14 @@ def render(doc: dict[str, Any]) -> str:
         if not r["training_equivalent"]:
             lines.append(f"note: NOT training-equivalent: {r['equivalence_note']}")
         lines += [f"note: {c}" for c in r["caveats"]]
+    if not recs and doc.get("none_because"):
+        lines += ["", f"nothing to change: {doc['none_because']}"]
+    for p in doc.get("prerequisites", []):
+        sp = p["gain"]["speedup"]
+        ch = p["change"]
+        lines += ["", f"prerequisite for {p['rule']} ({ch['knob']} → {ch['to']}): "
+                      f"unlocks {_pct(sp['low'])} … {_pct(sp['high'])}"]
+        lines += [f"  - needs: {n}" for n in p["needs"]]
     for b in doc["blocked"]:
         lines += ["", f"blocked {b['rule']}: {b['title']}"]
         lines += [f"  - {reason}" for reason in b["reasons"]]
@@ -215,7 +193,8 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"checked {q['rule']}: nothing found. {q['quiet']}")
     lines += [
         "",
-        f"{len(recs)} recommended, {len(doc['blocked'])} blocked, {doc['quiet_count']} checked quiet"
+        f"{len(recs)} recommended, {len(doc.get('prerequisites', []))} awaiting a prerequisite, "
+        f"{len(doc['blocked'])} blocked, {doc['quiet_count']} checked quiet"
         f" of {doc['rules_checked']} rules"
         + ("" if "quiet" in doc else " (--show-quiet lists them)")
         + " · explain: moetune rules show ID",

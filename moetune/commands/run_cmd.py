@@ -23,6 +23,10 @@ def add_exec_options(p: argparse.ArgumentParser) -> None:
                    "(default: the bundled MoE GPT workload, `python -m moetune.executor.workloads.moe_gpt`)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment variable for every run (repeatable)")
+    p.add_argument("--env-profile", choices=["no-nvlink-multicast"], default=None,
+                   help="variables every run gets, last (default: the contract's env_profile, "
+                   "else none); no-nvlink-multicast: NVLS and NVLink multicast off, for shared "
+                   "machines that forbid them")
     p.add_argument("--contract", metavar="FILE", help="measurement contract (YAML/JSON)")
     p.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER, help=f"SQLite ledger (default {DEFAULT_LEDGER})")
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where run logs and traces go")
@@ -97,7 +101,15 @@ def tune_options(args: argparse.Namespace, *, budget: int = 1, tries: tuple[str,
                        launcher=args.launcher, nproc_per_node=args.nproc_per_node,
                        nodes=args.nodes, tries=tries, use_rules=use_rules,
                        profile=not args.no_profile, profile_args=args.profile_args,
-                       slurm_options=slurm)
+                       slurm_options=slurm, env_profile=env_profile(args))
+
+
+def env_profile(args: argparse.Namespace) -> str | None:
+    """--env-profile, else the contract's `env_profile`."""
+    if args.env_profile:
+        return args.env_profile
+    doc = load_contract_doc(getattr(args, "contract", None))
+    return (doc or {}).get("env_profile") if isinstance(doc, dict) else None
 
 
 

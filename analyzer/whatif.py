@@ -1,0 +1,435 @@
+"""What-if estimates: predict a knob change's step time by transforming the median step's timeline
+graph and replaying it (the approach of Daydream, USENIX ATC 2020, and Lumos, MLSys 2025).
+
+The median step of the first analysed rank is cut out of the timeline graph (analyzer/graph.py) and
+replayed in topological order with its measured durations and gaps:
+
+- a GPU op starts when its launch has happened (launch call start + the op's own launch latency,
+  capped at the typical one) and its stream and event-wait predecessors have ended;
+- a host call starts after its program-order predecessor ended plus the CPU time measured between
+  the two (Python and framework work that has no node of its own); a blocking call ends after the
+  op it waited on ended plus its measured tail.
+
+Replaying the untouched step reproduces the measured step up to the replay's own error (reported
+as `fidelity`); a transform edits durations and gaps (the primitives of Daydream: remove, scale,
+merge), and the prediction is the measured step time × replay(transformed) / replay(untouched),
+so the replay's bias cancels. Each transform is declared as data in `whatif.yaml` (which knob
+change it models, its parameters and their plausible ranges); the code has one small function per
+transform kind. A range parameter gives the predicted range: the low and high ends of the speedup
+come from replays at the two ends of the parameter's range.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import jsonschema
+import numpy as np
+import polars as pl
+from moetune.analyzer.frames import Trace
+from moetune.analyzer.graph import TimelineGraph, build_graph
+from moetune.analyzer.walls import recompute_launches
+
+from moetune.errors import UserError
+from moetune.resources import data, schema
+from moetune.yamlio import read_yaml
+
+WHATIF_PATH = data("moetune.analyzer", "whatif.yaml")
+KINDS = ("drop_recompute", "fold_micro_batches", "group_expert_gemms", "capture_launches")
+_US = 1_000
+# Relative error of a replayed gain when a transform states none: Daydream reports most
+# predictions within 10-15 % of measured, Lumos 3 %; ours are cruder (no module names).
+UNCERTAINTY = 0.25
+# Non-GEMM ops between two GEMMs of one expert loop: Megatron-Core's SequentialMLP runs up to ~9
+# (token slicing, activation and its backward, bias and probability products) per expert.
+MAX_BETWEEN = 12
+
+
+@cache
+def transforms() -> dict[str, dict[str, Any]]:
+    """The transform catalog (whatif.yaml), validated by schemas/whatif.schema.json."""
+    doc, _ = read_yaml(WHATIF_PATH)
+    errors = sorted(jsonschema.Draft202012Validator(json.loads(schema("whatif").read_text()))
+                    .iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        raise UserError(f"{'/'.join(map(str, e.absolute_path))}: {e.message}", path=WHATIF_PATH)
+    return dict(doc["transforms"])
+
+
+# --------------------------------------------------------------------------- the step's graph
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One step of one rank as arrays, in a topological order of its dependency graph."""
+
+    start_ns: int
+    measured_ns: int
+    ids: np.ndarray        # event ids (graph nodes), topological order
+    is_gpu: np.ndarray
+    ts: np.ndarray         # original start/end, ns
+    te: np.ndarray
+    kclass: list[str]      # GPU: kernel class; host: rclass of the call
+    opt: np.ndarray        # belongs to the optimizer (its kernels and their launch calls)
+    recompute: np.ndarray  # re-runs forward work inside backward (kernels and launch calls)
+    preds: list[list[tuple[int, str]]]  # per position: (pred position, edge kind)
+    lat_typ: int           # typical launch latency of a launch-bound op
+
+
+def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: int,
+            recompute_corr: pl.DataFrame | None = None) -> Episode | None:
+    """The step [start_ns, end_ns) of `rank` as an Episode; None when it has no GPU op."""
+
+
+    tr = Trace(events=events, comms=trace.comms, flows=trace.flows, ranks=trace.ranks,
+               warnings=trace.warnings)
+    graph: TimelineGraph = build_graph(tr, window=(start_ns, end_ns), rank=rank)
+    nodes = graph.nodes
+    if nodes.height == 0 or not nodes["is_gpu"].any():
+        return None
+    cls = events.select(pl.int_range(pl.len(), dtype=pl.Int64).alias("node"),
+                        pl.coalesce(pl.col("kclass").cast(pl.String),
+                                    pl.col("rclass").cast(pl.String)).fill_null("").alias("cls"))
+    nodes = nodes.join(cls, on="node", how="left")
+    # host calls inside the window only (launch calls of earlier steps were kept by the graph)
+    nodes = nodes.filter(pl.col("is_gpu") | (pl.col("ts_ns") >= start_ns)
+                         & (pl.col("ts_ns") < end_ns))
+    g = graph.g
+    keep = set(nodes["node"].to_list())
+    order = [n for n in _topo(g, keep)]
+    pos = {n: i for i, n in enumerate(order)}
+    nodes = nodes.join(pl.DataFrame({"node": order, "_pos": range(len(order))},
+                                    schema={"node": pl.Int64, "_pos": pl.Int64}), on="node"
+                       ).sort("_pos")
+    corr = nodes["correlation"].to_list()
+    is_gpu = nodes["is_gpu"].to_numpy()
+    kcls = nodes["cls"].to_list()
+    opt_corr = {c for c, k, gp in zip(corr, kcls, is_gpu, strict=True)
+                if gp and c is not None and k == "compute.optimizer"}
+    opt = np.array([c is not None and c in opt_corr for c in corr], dtype=bool)
+    rec = np.zeros(len(order), dtype=bool)
+    if recompute_corr is not None and recompute_corr.height:
+        rc = set(recompute_corr.filter(pl.col("rank") == rank)["correlation"].to_list())
+        rec = np.array([c is not None and c in rc for c in corr], dtype=bool)
+    preds: list[list[tuple[int, str]]] = [[] for _ in order]
+    for i, n in enumerate(order):
+        for p, _, k in g.in_edges(n, data="kind"):
+            if p in pos:
+                preds[i].append((pos[p], k))
+    ts = nodes["ts_ns"].to_numpy().astype(np.int64)
+    te = nodes["end_ns"].to_numpy().astype(np.int64)
+    lat = [ts[i] - ts[p] for i in range(len(order)) if is_gpu[i]
+           for p, k in preds[i] if k == "launch" and ts[i] >= ts[p]
+           and not any(k2 == "stream" and te[p2] > ts[p] for p2, k2 in preds[i])]
+    lat_typ = int(np.median(lat)) if lat else 5 * _US
+    return Episode(start_ns, end_ns - start_ns, np.array(order), is_gpu, ts, te, kcls, opt, rec,
+                   preds, max(lat_typ, 1 * _US))
+
+
+def _topo(g: Any, keep: set[int]) -> list[int]:
+    """Kahn's order of the kept nodes, ties by id (ids follow the trace's time order)."""
+    import heapq
+
+    indeg = {n: 0 for n in keep}
+    for n in keep:
+        for s in g.successors(n):
+            if s in keep:
+                indeg[s] += 1
+    ready = [n for n, d in indeg.items() if d == 0]
+    heapq.heapify(ready)
+    out: list[int] = []
+    while ready:
+        n = heapq.heappop(ready)
+        out.append(n)
+        for s in g.successors(n):
+            if s in keep:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    heapq.heappush(ready, s)
+    return out
+
+
+# --------------------------------------------------------------------------- replay
+
+
+@dataclass
+class Edit:
+    """Per-node changes a transform makes: new GPU durations, host time factors, launch-free ops."""
+
+    dur: np.ndarray          # new duration of every node (GPU op or host call)
+    gap: np.ndarray          # factor on the CPU time before a host call (after its predecessor)
+    no_launch: np.ndarray    # GPU op no longer waits for its launch (graph replay)
+
+
+def untouched(ep: Episode) -> Edit:
+    n = len(ep.ids)
+    return Edit((ep.te - ep.ts).astype(np.float64), np.ones(n), np.zeros(n, dtype=bool))
+
+
+def replay(ep: Episode, edit: Edit) -> float:
+    """The step's length (ns) when its graph runs with the edited durations and gaps."""
+    n = len(ep.ids)
+    start = np.zeros(n)
+    end = np.zeros(n)
+    ts, te = ep.ts, ep.te
+    for i in range(n):
+        ready = float(ts[i] - ep.start_ns) if not ep.preds[i] else 0.0
+        if ep.is_gpu[i]:
+            for p, k in ep.preds[i]:
+                if k == "launch":
+                    if edit.no_launch[i]:
+                        continue
+                    r = start[p] + min(max(ts[i] - ts[p], 0), ep.lat_typ)
+                elif k in ("stream", "event_wait") or k == "collective":
+                    r = end[p]
+                else:
+                    r = end[p]
+                ready = max(ready, r)
+            start[i] = ready
+            end[i] = ready + edit.dur[i]
+            continue
+        waited = 0.0
+        blocked_until = ts[i]
+        # Of several host predecessors (program order and a hand-off from another thread), the
+        # one that ended last released the call: only its gap is CPU work, the others' gaps
+        # were waiting for it.
+        binding = max((p for p, k in ep.preds[i] if k == "host"), key=lambda p: te[p], default=-1)
+        for p, k in ep.preds[i]:
+            if k == "sync":
+                waited = max(waited, end[p])
+                blocked_until = max(blocked_until, te[p])
+            else:
+                gap = max(ts[i] - te[p], 0) if p == binding else 0
+                ready = max(ready, end[p] + gap * edit.gap[i])
+        start[i] = ready
+        if blocked_until > ts[i]:  # it blocked: own time is the tail after the awaited op ended
+            tail = max(te[i] - blocked_until, 0) * (edit.dur[i] / max(te[i] - ts[i], 1))
+            end[i] = max(ready, waited) + tail
+        else:
+            end[i] = max(ready + edit.dur[i], waited)
+    return float(end.max()) if n else 0.0
+
+
+# --------------------------------------------------------------------------- transforms
+
+
+def drop_recompute(ep: Episode, _params: Mapping[str, float], _ctx: Mapping[str, Any]) -> Edit | None:
+    """Recompute off: the forward work re-run inside backward, its launches and its CPU time go."""
+    if not ep.recompute.any():
+        return None
+    e = untouched(ep)
+    e.dur[ep.recompute] = 0.0
+    e.gap[ep.recompute & ~ep.is_gpu] = 0.0
+    return e
+
+
+def _affine(dur: np.ndarray, fixed_ns: float, k: float) -> np.ndarray:
+    """Each op's share of a k× larger op: its fixed part is paid once for k of them."""
+    fixed = np.minimum(dur, fixed_ns)
+    return fixed / k + (dur - fixed)
+
+
+def fold_micro_batches(ep: Episode, params: Mapping[str, float], ctx: Mapping[str, Any]
+                       ) -> Edit | None:
+    """Micro-batch × k at the same global batch: k× fewer micro-batches, each k× larger. Outside
+    the optimizer, host calls and the CPU time between them shrink k×, and every GPU op becomes a
+    k-th of a k× larger op (its fixed cost, e.g. launch and tail effects, amortised over k)."""
+    k = float(ctx.get("factor") or params.get("factor") or 2)
+    if k <= 1:
+        return None
+    e = untouched(ep)
+    body = ~ep.opt
+    host = body & ~ep.is_gpu
+    e.dur[host] /= k
+    e.gap[host] /= k
+    gpu = body & ep.is_gpu
+    e.dur[gpu] = _affine(e.dur[gpu], params["fixed_us"] * _US, k)
+    return e
+
+
+def group_expert_gemms(ep: Episode, params: Mapping[str, float], ctx: Mapping[str, Any]
+                       ) -> Edit | None:
+    """Grouped GEMM: the per-expert GEMM loop becomes one grouped kernel per GEMM. The expert
+    loop's ops (the GEMMs of the E experts and the small ops between them on their stream) and
+    their launches run once instead of E times: host time ÷ E, each GPU op a share of one E× larger
+    op."""
+    experts = int(ctx.get("experts") or 0)
+    if experts <= 1:
+        return None
+    gemm = np.array([k.startswith("compute.gemm") and k != "compute.gemm.grouped_cutlass"
+                     for k in ep.kclass]) & ep.is_gpu & ~ep.opt
+    if gemm.sum() < 2 * experts:
+        return None
+    loop = _expert_loop(ep, gemm, experts)
+    if not loop.any():
+        return None
+    e = untouched(ep)
+    host = loop & ~ep.is_gpu
+    e.dur[host] /= experts
+    e.gap[host] /= experts
+    gpu = loop & ep.is_gpu
+    e.dur[gpu] = _affine(e.dur[gpu], params["fixed_us"] * _US, experts)
+    return e
+
+
+def _expert_loop(ep: Episode, gemm: np.ndarray, experts: int) -> np.ndarray:
+    """Positions of the per-expert loop: runs of GEMMs (in time order, at most MAX_BETWEEN other
+    ops apart) holding at least half the experts' worth of GEMMs, the ops between them and their
+    launch calls. Without module names this is the shape the loop leaves: the same few kernels
+    once per expert, back to back."""
+    order = np.argsort(ep.ts, kind="stable")
+    gpu_pos = [i for i in order if ep.is_gpu[i]]
+    names = [ep.kclass[i] for i in gpu_pos]
+    flags = np.zeros(len(ep.ids), dtype=bool)
+    # experts that got no tokens launch nothing: half the experts' GEMMs in a run is a loop; a
+    # dense block (attention, router: 2-6 GEMMs per layer and pass) is shorter
+    least = max(4, experts // 2)
+    # windows of consecutive GPU ops (time order) holding ≥ E GEMMs, at most MAX_BETWEEN other
+    # ops apart: the expert loop interleaves its GEMMs with a few small ops
+    run: list[int] = []
+    since = 0
+    n_gemm = 0
+    for i, _name in zip(gpu_pos, names, strict=True):
+        if gemm[i]:
+            run.append(i)
+            n_gemm += 1
+            since = 0
+        elif run:
+            since += 1
+            run.append(i)
+            if since > MAX_BETWEEN:
+                if n_gemm >= least:
+                    flags[run[:len(run) - since]] = True
+                run, n_gemm, since = [], 0, 0
+    if run and n_gemm >= least:
+        flags[run[:len(run) - since]] = True
+    # their launch calls
+    for i in np.nonzero(flags & ep.is_gpu)[0]:
+        for p, k in ep.preds[i]:
+            if k == "launch":
+                flags[p] = True
+    return flags
+
+
+def capture_launches(ep: Episode, params: Mapping[str, float], _ctx: Mapping[str, Any]
+                     ) -> Edit | None:
+    """CUDA graphs: outside the optimizer, ops replay from a graph: no launch waits, their launch
+    calls go, and only `host_kept` of the CPU time between calls remains (the Python of the
+    captured layers does not run on replay; the rest of the step still does)."""
+    body = ~ep.opt
+    launched = np.zeros(len(ep.ids), dtype=bool)
+    for i in np.nonzero(body & ep.is_gpu)[0]:
+        for p, k in ep.preds[i]:
+            if k == "launch":
+                launched[p] = True
+    if not launched.any():
+        return None
+    e = untouched(ep)
+    e.no_launch[body & ep.is_gpu] = True
+    e.dur[launched] = 0.0
+    e.gap[launched] = params["host_kept"]
+    return e
+
+
+KIND_FUNCS = {"drop_recompute": drop_recompute, "fold_micro_batches": fold_micro_batches,
+              "group_expert_gemms": group_expert_gemms, "capture_launches": capture_launches}
+
+
+# --------------------------------------------------------------------------- estimates
+
+
+def _params_at(spec: Mapping[str, Any], end: int) -> dict[str, float]:
+    """Parameter values at one end of their ranges (0 = the low-gain end, 1 = the high-gain one)."""
+    return {k: (v[end] if isinstance(v, list) else v) for k, v in (spec.get("params") or {}).items()}
+
+
+def estimate(ep: Episode, tid: str, spec: Mapping[str, Any], ctx: Mapping[str, Any],
+             base_ns: float) -> dict[str, Any] | None:
+    fn = KIND_FUNCS[spec["kind"]]
+    times = []
+    for end in (0, 1):
+        edit = fn(ep, _params_at(spec, end), ctx)
+        if edit is None:
+            return None
+        times.append(replay(ep, edit))
+    t = ep.measured_ns
+    new = sorted(t * x / base_ns for x in times)  # [fastest, slowest]
+    lo, hi = t / new[1] - 1, t / new[0] - 1
+    mid = (lo + hi) / 2
+    # the replay's own error: ± `uncertainty` of the replayed gain (calibrated by measured A/Bs)
+    u = float(spec.get("uncertainty", UNCERTAINTY))
+    lo, hi = lo - u * abs(lo), hi + u * abs(hi)
+    return {
+        "knob": spec["knob"], "to": ctx.get("to", spec.get("to")),
+        "speedup": {"low": round(lo, 4), "mid": round(mid, 4), "high": round(hi, 4)},
+        "step_time_s": {"before": round(t / 1e9, 6), "low": round(t / (1 + hi) / 1e9, 6),
+                        "high": round(t / (1 + lo) / 1e9, 6)},
+        "basis": spec["basis"],
+    }
+
+
+def contract_context(tid: str, spec: Mapping[str, Any], contract: Mapping[str, Any] | None
+                     ) -> dict[str, Any] | None:
+    """What a transform needs from the contract (e.g. the number of experts); None when it does
+    not apply to this run."""
+    con = contract or {}
+    margs = con.get("megatron_args") or {}
+    model = con.get("model") or {}
+    shape = con.get("shape") or {}
+    kind = spec["kind"]
+    if kind == "fold_micro_batches":
+        mbs = shape.get("micro_batch_size") or margs.get("micro_batch_size") or 1
+        gbs = shape.get("global_batch_size") or margs.get("global_batch_size")
+        dp = (con.get("parallelism") or {}).get("dp") or 1
+        k = int(spec["params"].get("factor", 2))
+        if gbs is not None and (gbs // dp) % (mbs * k):
+            return None  # the larger micro-batch no longer divides the global batch per DP rank
+        return {"factor": k, "to": mbs * k}
+    if kind == "group_expert_gemms":
+        experts = model.get("num_experts") or margs.get("num_experts")
+        ep_size = (con.get("parallelism") or {}).get("ep") or 1
+        if not experts:
+            return None
+        return {"experts": int(experts) // int(ep_size)}
+    return {}
+
+
+def whatif_section(trace: Any, steps: Any, ctx: Any) -> dict[str, Any]:
+    """`diagnose` section: one estimate per applicable transform on the median step."""
+
+
+    med = ctx.median.sort("rank")
+    if med.height == 0:
+        return {}
+    row = med.row(0, named=True)
+    table = steps.table if hasattr(steps, "table") else steps
+    win = table.filter((pl.col("rank") == row["rank"]) & (pl.col("step") == row["step"]))
+    if win.height == 0:
+        return {}
+    cols = win.columns
+    lo_col, hi_col = ("win_start_ns", "win_end_ns") if "win_start_ns" in cols else ("start_ns", "end_ns")
+    start, end = int(win[lo_col][0]), int(win[hi_col][0])
+    ep = episode(trace, ctx.events, int(row["rank"]), start, end,
+                 recompute_corr=recompute_launches(ctx.events))
+    if ep is None:
+        return {}
+    base = replay(ep, untouched(ep))
+    out: dict[str, Any] = {}
+    for tid, spec in transforms().items():
+        c = contract_context(tid, spec, ctx.contract)
+        if c is None:
+            continue
+        est = estimate(ep, tid, spec, c, base)
+        if est is not None:
+            out[tid] = est
+    return {"whatif": {
+        "rank": int(row["rank"]), "step": int(row["step"]),
+        "fidelity": round(base / ep.measured_ns, 4) if ep.measured_ns else None,
+        "nodes": len(ep.ids),
+        "transforms": out,
+    }}

@@ -1,0 +1,591 @@
+"""The knob vocabulary: rules/knobs.yaml loaded once, validated against schemas/knobs.schema.json,
+as typed frozen records; and the one place a (knob, value) becomes Megatron flags, environment
+assignments, a Megatron-Bridge override or an edited command line, and old argument names become
+current ones.
+
+A neutral module: the analyzer (planner, contracts, argument dumps), the rules (loader, engine,
+docs) and the executor (candidate launches) all import it; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import jsonschema
+from referencing import Registry, Resource
+
+from moetune import conditions as expr
+from moetune.errors import UserError
+from moetune.resources import data, schema
+from moetune.yamlio import line_of, read_yaml
+
+KNOBS_FILE = data("moetune.rules", "knobs.yaml")
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def _empty() -> Mapping[str, Any]:
+    return _EMPTY
+
+
+# ----------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """`then` must hold on a configuration where `when` holds (checked after a change)."""
+
+    when: expr.Condition
+    then: expr.Condition
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Deprecated:
+    """An old spelling of a knob and what it means in current arguments.
+
+    A rename (`renamed_to` set) takes the same value(s) as the knob it names; `values` maps old
+    values that mean other current settings now. A switch (`sets` non-empty) sets those current
+    arguments when given (a log prints it True); `forces` names those it sets even over a value a
+    log states beside it; `sets_when_false` is what a printed False states about arguments the log
+    leaves out.
+    """
+
+    flag: str
+    knob: str                                  # the knob whose entry lists it
+    renamed_to: str | None = None
+    sets: Mapping[str, Any] = field(default_factory=_empty)
+    forces: tuple[str, ...] = ()
+    sets_when_false: Mapping[str, Any] = field(default_factory=_empty)
+    values: Mapping[str, Mapping[str, Any]] = field(default_factory=_empty)
+    takes_value: bool = False                  # on a command line it is followed by value(s)
+    note: str | None = None
+
+    @property
+    def arg(self) -> str:
+        """The old argument name as Megatron prints it (`--moe-enable-deepep` -> moe_enable_deepep)."""
+        return self.flag[2:].replace("-", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One Megatron-LM argument (kind `arg`, `name` = its dest) or environment variable (`env`).
+
+    Only `name` is needed to build one: a knob the catalog lacks is an `arg` spelled `--foo-bar`
+    (`knob()`), or an `env` variable.
+    """
+
+    name: str
+    kind: str = "arg"                          # arg | env
+    type: str = "str"                          # bool | enum | int | float | str | list
+    flag: str | None = None
+    negative_flag: str | None = None
+    values: tuple[Any, ...] = ()               # legal values (enum) or list items (list)
+    default: Any = None
+    minimum: float | None = None
+    maximum: float | None = None
+    bridge: str | None = None
+    contract_path: str | None = None
+    wall: str | None = None
+    scope: tuple[str, ...] = ()
+    requires: tuple[Constraint, ...] = ()
+    training_equivalent: bool = True
+    equivalent_values: tuple[Any, ...] = ()
+    equivalence_note: str | None = None
+    note: str | None = None
+    deprecated: tuple[Deprecated, ...] = ()
+    sources: tuple[str, ...] = ()
+    status: str | None = None
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.kind, self.flag))
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        """The entry under knobs.yaml's field names, read-only (for code that predates the typed
+        fields; new code reads the fields)."""
+        out: dict[str, Any] = {"kind": self.kind, "type": self.type, "default": self.default,
+                               "training_equivalent": self.training_equivalent}
+        optional = {
+            "flag": self.flag, "negative_flag": self.negative_flag, "values": self.values,
+            "minimum": self.minimum, "maximum": self.maximum, "bridge": self.bridge,
+            "contract_path": self.contract_path, "wall": self.wall, "scope": self.scope,
+            "equivalent_values": self.equivalent_values,
+            "equivalence_note": self.equivalence_note, "note": self.note,
+            "sources": self.sources, "status": self.status,
+        }
+        out.update({k: v for k, v in optional.items() if v not in (None, ())})
+        return MappingProxyType(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """rules/knobs.yaml: knobs in file order, the GPU-model table, every spelling."""
+
+    knobs: Mapping[str, Knob]
+    gpus: tuple[tuple[str, str], ...]          # (model substring, architecture), first match wins
+    path: Path
+    deprecated: Mapping[str, Deprecated] = field(default_factory=_empty, repr=False)  # by old arg
+    by_flag: Mapping[str, Knob] = field(default_factory=_empty, repr=False)  # any spelling -> knob
+    lines: Mapping[tuple, int] = field(default_factory=_empty, repr=False, compare=False)
+
+    @property
+    def renames(self) -> tuple[Deprecated, ...]:
+        return tuple(d for d in self.deprecated.values() if d.renamed_to)
+
+    @property
+    def switches(self) -> tuple[Deprecated, ...]:
+        return tuple(d for d in self.deprecated.values() if d.sets)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load(path: Path | None = None) -> Catalog:
+    """The knob catalog (rules/knobs.yaml, or `path`), parsed and validated once; UserError names
+    the file and line of the first problem."""
+    return _load((path or KNOBS_FILE).resolve())
+
+
+@cache
+def _load(path: Path) -> Catalog:
+    doc, lines = read_yaml(path)
+    _validate(doc, lines, path)
+
+    def fail(at: tuple, msg: str) -> UserError:
+        return UserError(f"{path}:{line_of(lines, at)}: {msg}")
+
+    names = set(doc["knobs"])
+    knobs: dict[str, Knob] = {}
+    for name, spec in doc["knobs"].items():
+        at = ("knobs", name)
+        requires = tuple(_constraint(req, (*at, "requires", i), names, path, lines)
+                         for i, req in enumerate(spec.get("requires", [])))
+        for sub in spec.get("scope", []):
+            if sub not in names:
+                raise fail((*at, "scope"), f"scope names unknown knob {sub!r}")
+        values = tuple(spec.get("values", ()))
+        if spec["type"] == "enum" and spec["default"] is not None and spec["default"] not in values:
+            raise fail((*at, "default"), "default not in values")
+        deprecated = tuple(
+            Deprecated(
+                flag=d["flag"], knob=name,
+                renamed_to=None if "sets" in d else name,
+                sets=_frozen(d.get("sets", {})),
+                forces=tuple(d.get("forces", ())),
+                sets_when_false=_frozen(d.get("sets_when_false", {})),
+                values=MappingProxyType({str(k): _frozen(v) for k, v in d.get("values", {}).items()}),
+                takes_value="sets" not in d and spec["type"] != "bool",
+                note=d.get("note"),
+            )
+            for d in spec.get("deprecated", ())
+        )
+        knobs[name] = Knob(
+            name=name, kind=spec["kind"], type=spec["type"], flag=spec.get("flag"),
+            negative_flag=spec.get("negative_flag"), values=values, default=spec["default"],
+            minimum=spec.get("minimum"), maximum=spec.get("maximum"), bridge=spec.get("bridge"),
+            contract_path=spec.get("contract_path"), wall=spec["wall"],
+            scope=tuple(spec.get("scope", ())), requires=requires,
+            training_equivalent=spec["training_equivalent"],
+            equivalent_values=tuple(spec.get("equivalent_values", ())),
+            equivalence_note=spec.get("equivalence_note"), note=spec.get("note"),
+            deprecated=deprecated, sources=tuple(spec.get("sources", ())),
+            status=spec.get("status"),
+        )
+    by_flag: dict[str, Knob] = {}
+    by_arg: dict[str, Deprecated] = {}
+    for k in knobs.values():
+        for i, d in enumerate(k.deprecated):
+            at = ("knobs", k.name, "deprecated", i)
+            for arg, value in _settings(d):
+                if arg not in knobs:
+                    raise fail(at, f"{d.flag} sets unknown knob {arg!r}")
+                if msg := value_problem(knobs[arg], value):
+                    raise fail(at, f"{d.flag}: {msg}")
+            if not set(d.forces) <= set(d.sets):
+                raise fail((*at, "forces"), "`forces` names arguments of `sets` only")
+            if d.arg in knobs:
+                raise fail(at, f"{d.flag} is the argument of knob {d.arg!r}, not an old spelling")
+            by_arg[d.arg] = d
+        spellings = [(k.flag, ("knobs", k.name, "flag")),
+                     (k.negative_flag, ("knobs", k.name, "negative_flag")),
+                     *((d.flag, ("knobs", k.name, "deprecated", i))
+                       for i, d in enumerate(k.deprecated))]
+        for f, at in spellings:
+            if f is not None and f in by_flag:
+                raise fail(at, f"{f} belongs to both {by_flag[f].name} and {k.name}")
+            if f is not None:
+                by_flag[f] = k
+    gpus = tuple((g["match"], g["arch"]) for g in doc["gpus"])
+    return Catalog(MappingProxyType(knobs), gpus, path, MappingProxyType(by_arg),
+                   MappingProxyType(by_flag), MappingProxyType(lines))
+
+
+def _constraint(req: Mapping[str, Any], at: tuple, names: set[str], path: Path,
+                lines: Mapping[tuple, int]) -> Constraint:
+    conds = []
+    for part in ("when", "then"):
+        try:
+            cond = expr.parse(req[part], (*at, part))
+        except expr.ExprError as exc:
+            raise UserError(f"{path}:{line_of(lines, exc.where)}: {exc}") from None
+        for p in expr.predicates(cond):
+            if p.source in ("knob", "audit") and p.path not in names:
+                raise UserError(f"{path}:{line_of(lines, (*at, part))}: unknown knob {p.path!r} "
+                                f"(not in {path.name})")
+        conds.append(cond)
+    return Constraint(conds[0], conds[1], req["reason"])
+
+
+def _settings(d: Deprecated) -> Iterator[tuple[str, Any]]:
+    yield from d.sets.items()
+    yield from d.sets_when_false.items()
+    for meaning in d.values.values():
+        yield from meaning.items()
+
+
+def _frozen(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return MappingProxyType({k: _frozen(v) for k, v in x.items()})
+    return x
+
+
+@cache
+def _validator() -> jsonschema.Draft202012Validator:
+    schemas = [json.loads(schema(n).read_text(encoding="utf-8")) for n in ("knobs", "rule")]
+    registry = Registry().with_resources((s["$id"], Resource.from_contents(s)) for s in schemas)
+    return jsonschema.Draft202012Validator(schemas[0], registry=registry)
+
+
+def _validate(doc: Any, lines: Mapping[tuple, int], path: Path) -> None:
+    """Raise UserError for the first schema problem (file:line: where: what)."""
+    errors = sorted(_validator().iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))
+    if not errors:
+        return
+    err = errors[0]
+    at = list(err.absolute_path)
+    if len(at) >= 5 and at[0] == "knobs" and at[2] == "requires" and at[4] in ("when", "then"):
+        # the schema's oneOf message prints the whole subtree; the grammar says what is wrong
+        try:
+            expr.parse(doc["knobs"][at[1]]["requires"][at[3]][at[4]], tuple(at[:5]))
+        except expr.ExprError as exc:
+            raise UserError(f"{path}:{line_of(lines, exc.where)}: {at[4]}: {exc}") from None
+    msg = err.message
+    if err.validator == "additionalProperties":
+        extra = re.findall(r"'([^']+)' was unexpected", msg) or re.findall(r"\('([^']+)'", msg)
+        if extra:
+            at, msg = [*at, extra[0]], f"unknown field {extra[0]!r}"
+    msg = " ".join(msg.split())
+    msg = msg if len(msg) <= 160 else msg[:159] + "…"
+    where = ".".join(map(str, err.absolute_path))
+    raise UserError(f"{path}:{line_of(lines, at)}: " + (f"{where}: {msg}" if where else msg))
+
+
+def value_problem(knob: Knob, value: Any) -> str | None:
+    """Why `value` is not legal for `knob`, or None (None itself is: unset = the default)."""
+    if value is None:
+        return None
+    kind, legal = knob.type, knob.values
+    if kind == "bool" and not isinstance(value, bool):
+        return f"{knob.name} is a bool; got {value!r}"
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        return f"{knob.name} is an int; got {value!r}"
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, int | float)):
+        return f"{knob.name} is a number; got {value!r}"
+    if kind in ("int", "float") and knob.minimum is not None and value < knob.minimum:
+        return f"{knob.name} must be ≥ {knob.minimum}; got {value!r}"
+    if kind in ("int", "float") and knob.maximum is not None and value > knob.maximum:
+        return f"{knob.name} must be ≤ {knob.maximum}; got {value!r}"
+    if kind == "enum" and value not in legal:
+        return f"{knob.name} must be one of {list(legal)}; got {value!r}"
+    if kind == "list":
+        if not isinstance(value, list):
+            return f"{knob.name} is a list; got {value!r}"
+        if legal and (bad := [v for v in value if v not in legal]):
+            return f"{knob.name}: {bad} not in {list(legal)}"
+    if kind == "str" and legal and value not in legal:
+        return f"{knob.name} must be one of {list(legal)}; got {value!r}"
+    return None
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def flag_spelling(arg: str, catalog: Catalog | None = None) -> str:
+    """The catalog's flag for a Megatron argument; one it lacks gets Megatron's generated form
+    `foo_bar` -> `--foo-bar`."""
+    k = (catalog or load()).knobs.get(arg)
+    return k.flag if k is not None and k.flag else "--" + arg.replace("_", "-")
+
+
+def knob(name: str, catalog: Catalog | None = None) -> Knob:
+    """The knob a user names: underscore name, any flag spelling (current, negative, deprecated)
+    or an environment variable. Names the catalog lacks become ad-hoc knobs (`--foo-bar`, env)."""
+    cat = catalog or load()
+    key = name.lstrip("-").replace("-", "_") if name.startswith("--") else name
+    if key in cat.knobs:
+        return cat.knobs[key]
+    if name in cat.by_flag:
+        return cat.by_flag[name]
+    if re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+        return Knob(name=name, kind="env")
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", key):
+        raise UserError(f"not a knob name: {name!r} (use e.g. micro_batch_size=4)")
+    return Knob(name=key, flag=flag_spelling(key, cat))
+
+
+def parse_value(text: str, k: Knob) -> Any:
+    """A value given as text (`--change k=v`, a command-line token) typed for knob `k`."""
+    t = text.strip()
+    if k.type == "bool" or (k.type == "str" and t.lower() in ("true", "false") and k.kind == "arg"):
+        if t.lower() in ("true", "1", "yes", "on"):
+            return True
+        if t.lower() in ("false", "0", "no", "off"):
+            return False
+        raise UserError(f"{k.name} is a switch: give true or false, not {text!r}")
+    if k.type == "int":
+        try:
+            return int(t)
+        except ValueError:
+            raise UserError(f"{k.name} needs an integer, not {text!r}") from None
+    if k.type == "float":
+        try:
+            return float(t)
+        except ValueError:
+            raise UserError(f"{k.name} needs a number, not {text!r}") from None
+    if k.type == "list":
+        if t.startswith("["):
+            try:
+                return [str(x) for x in ast.literal_eval(t)]
+            except (ValueError, SyntaxError):
+                raise UserError(f"{k.name}: cannot read list {text!r}") from None
+        return [x for x in re.split(r"[,\s]+", t) if x]
+    if k.type == "enum" and k.values and t not in map(str, k.values):
+        raise UserError(f"{k.name} must be one of {', '.join(map(str, k.values))}, not {text!r}")
+    if k.type == "str" and re.fullmatch(r"[+-]?\d+", t):
+        return int(t)
+    return t
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def value_text(value: Any) -> str:
+    """One value as one token: a float in its short `%g` form when that is exact, bools
+    lower-case, everything else `str`."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        text = f"{value:g}"
+        return text if float(text) == value else repr(value)
+    return str(value)
+
+
+def flag_tokens(k: Knob, value: Any) -> tuple[str, ...]:
+    """The command-line tokens that set argument knob `k` to `value`; () when that is the flag's
+    absence (None: back to the default; False for a switch without a negative flag)."""
+    if k.kind != "arg" or not k.flag:
+        raise ValueError(f"{k.name} is not a Megatron argument")
+    if value is None:
+        return ()
+    if k.type == "bool" or isinstance(value, bool):
+        if value:
+            return (k.flag,)
+        return (k.negative_flag,) if k.negative_flag else ()
+    if isinstance(value, list | tuple):
+        return (k.flag, *(value_text(v) for v in value))
+    return (k.flag, value_text(value))
+
+
+def shell_text(tokens: Iterable[str]) -> str:
+    """Tokens as shell text (layout strings such as `Et*3|(tt|)*29m|L` single-quoted)."""
+    return " ".join(shlex.quote(t) for t in tokens)
+
+
+def render_flags(k: Knob, value: Any) -> tuple[list[str], list[str]]:
+    """(flags or environment assignments to set, flags to remove) for one knob value, as shell
+    text: one string per flag with its values."""
+    if k.kind == "env":
+        if value is None:
+            return [], [f"unset {k.name}"]
+        return [f"{k.name}={shlex.quote(value_text(value))}"], []
+    tokens = flag_tokens(k, value)
+    return ([shell_text(tokens)], []) if tokens else ([], [str(k.flag)])
+
+
+def render_flag(arg: str | Knob, value: Any, catalog: Catalog | None = None) -> str:
+    """The shell text that sets one Megatron argument (catalog spelling, else `--foo-bar`)."""
+    k = arg if isinstance(arg, Knob) else knob(arg, catalog)
+    return " ".join(render_flags(k, value)[0])
+
+
+def render_bridge(k: Knob, value: Any) -> str | None:
+    """The Megatron-Bridge override (`model.moe_grouped_gemm=true`), None without a Bridge key."""
+    if not k.bridge:
+        return None
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif value is None:
+        text = "null"
+    elif isinstance(value, list | tuple):
+        text = "[" + ",".join(map(str, value)) + "]"
+    else:
+        text = str(value)
+    return f"{k.bridge}={text}"
+
+
+# ----------------------------------------------------------------------------- command lines
+
+
+def _arity(k: Knob) -> dict[str, str]:
+    """Every spelling of argument knob `k` -> the values it takes on a command line: `none`,
+    `one`, `many` (a list: every following token up to the next flag)."""
+    own = "none" if k.type == "bool" else "many" if k.type == "list" else "one"
+    out: dict[str, str] = {}
+    if k.flag:
+        out[k.flag] = own
+        if k.type == "bool" and not k.negative_flag:
+            out["--no-" + k.flag[2:]] = "none"
+    if k.negative_flag:
+        out[k.negative_flag] = "none"
+    for d in k.deprecated:
+        out[d.flag] = own if d.takes_value else "none"
+    return out
+
+
+def _flag_spans(argv: Sequence[str], arity: Mapping[str, str]) -> list[tuple[int, int]]:
+    """(start, end) index spans of each occurrence of a spelling in `arity` with its values."""
+    spans = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        name = tok.split("=", 1)[0]
+        if name not in arity:
+            i += 1
+            continue
+        j = i + 1
+        if "=" not in tok and arity[name] != "none":
+            if arity[name] == "many":
+                while j < len(argv) and not argv[j].startswith("--"):
+                    j += 1
+            elif j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+        spans.append((i, j))
+        i = j
+    return spans
+
+
+def set_flag(argv: Sequence[str], k: Knob, value: Any) -> tuple[str, ...]:
+    """`argv` with argument knob `k` set to `value`: every spelling of it (current, negative,
+    `--no-`, deprecated) taken off with its values, `flag_tokens` put where the first one stood,
+    else at the end."""
+    out = list(argv)
+    spans = _flag_spans(out, _arity(k))
+    for s, e in reversed(spans):
+        del out[s:e]
+    at = spans[0][0] if spans else len(out)
+    out[at:at] = flag_tokens(k, value)
+    return tuple(out)
+
+
+def set_env(env: Mapping[str, str], k: Knob, value: Any) -> dict[str, str]:
+    """`env` with environment knob `k` set to `value` (None: removed)."""
+    out = dict(env)
+    if value is None:
+        out.pop(k.name, None)
+    else:
+        out[k.name] = value_text(value)
+    return out
+
+
+def read_flag(argv: Sequence[str], k: Knob) -> Any:
+    """What a command line sets argument knob `k` to (None when it does not mention it); the last
+    mention wins, a deprecated switch reads as what it sets."""
+    arity = _arity(k)
+    spans = _flag_spans(argv, arity)
+    if not spans:
+        return None
+    s, e = spans[-1]
+    tok = argv[s]
+    name = tok.split("=", 1)[0]
+    if name != k.flag and arity[name] == "none":
+        old = next((d for d in k.deprecated if d.flag == name), None)
+        if old is None:  # the negative flag or `--no-…`
+            return False
+        value = old.sets.get(k.name, True)
+        return list(value) if isinstance(value, list) else value
+    vals = [tok.split("=", 1)[1]] if "=" in tok else list(argv[s + 1:e])
+    if not vals:
+        return True
+    return vals if k.type == "list" else parse_value(vals[0], k)
+
+
+# ----------------------------------------------------------------------------- argument names
+
+
+def as_list(value: Any) -> list[Any]:
+    """A list argument's value: None and "" are empty, a string is split on spaces and commas."""
+    if value in (None, ""):
+        return []
+    if isinstance(value, str):
+        return [v for v in re.split(r"[\s,]+", value) if v]
+    return list(value)
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value  # never hand out the catalog's lists
+
+
+def normalize_args(args: Mapping[str, Any], catalog: Catalog | None = None
+                   ) -> tuple[dict[str, Any], list[str]]:
+    """Current Megatron argument names for the catalog's deprecated ones. Returns (args, notes).
+
+    A rename hands its value to the current argument unless that is already set (not
+    None/empty); a switch a log prints True sets its arguments where they are unset or at their
+    default (`forces`: always); a switch printed False states `sets_when_false` where the log is
+    silent. Renames first, then switches, each in catalog order."""
+    cat = catalog or load()
+    out = dict(args)
+    notes: list[str] = []
+    for d in cat.renames:
+        if d.arg not in out:
+            continue
+        new = str(d.renamed_to)
+        value = out.pop(d.arg)
+        meaning = d.values.get(value) if isinstance(value, str) else None
+        if meaning is not None:
+            for name, v in meaning.items():
+                if name != new:
+                    out.setdefault(name, _copy(v))
+            value = _copy(meaning.get(new, value))
+        elif cat.knobs[new].type == "list":
+            value = as_list(value)
+        if out.get(new) in (None, [], "") and value not in (None, []):
+            out[new] = value
+            notes.append(f"{d.arg} -> {new}")
+        else:
+            out.setdefault(new, value)
+    for d in cat.switches:
+        if d.arg not in out:
+            continue
+        if out.pop(d.arg) is not True:
+            for name, v in d.sets_when_false.items():
+                out.setdefault(name, _copy(v))
+            continue
+        for name, new_value in d.sets.items():
+            current = out.get(name)
+            if cat.knobs[name].type == "list" and isinstance(current, list):
+                out[name] = sorted({*current, *new_value})
+            elif (name in d.forces or current in (None, False, [])
+                  or current == cat.knobs[name].default):
+                out[name] = _copy(new_value)
+        notes.append(f"{d.arg}=True -> " + ", ".join(f"{k}={v}" for k, v in d.sets.items()))
+    return out, notes
