@@ -56,6 +56,7 @@ class Context:
     median: pl.DataFrame  # walls.median_step output (one row per rank)
     doc: dict[str, Any]  # the document built so far
     contract: dict[str, Any] | None
+    reference_step_s: float | None = None  # the run's unprofiled step time (its log), if known
 
 
 Section = tuple[str, Callable[[Trace, Steps, Context], dict[str, Any]]]
@@ -104,6 +105,7 @@ def diagnose_trace(
     step_range: str | None = None,
     sections: Sequence[Section] | None = None,
     classes: KernelClasses | None = None,
+    reference_step_s: float | None = None,
 ) -> dict[str, Any]:
     """Same as diagnose() for an already-read Trace."""
     cl = classes or load_classes()
@@ -149,7 +151,8 @@ def diagnose_trace(
         "evidence": {**evidence, **obs_ev},
         "warnings": _warnings(trace, steps, events, observed),
     }
-    ctx = Context(events=events, gpu=gpu, per_step=per_step, median=med, doc=doc, contract=con)
+    ctx = Context(events=events, gpu=gpu, per_step=per_step, median=med, doc=doc, contract=con,
+                  reference_step_s=reference_step_s)
     for name, fn in list(sections if sections is not None else SECTIONS):
         extra = fn(trace, steps, ctx) or {}
         clash = sorted(set(extra) & CORE_KEYS)

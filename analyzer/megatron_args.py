@@ -38,6 +38,8 @@ _WORLD = re.compile(
 # Megatron-Core warns at import when Transformer Engine is missing (optimizer, DDP, clip_grads):
 # the log's own evidence that TE-only knobs cannot work in that run.
 _NO_TE = re.compile(r"Transformer Engine (?:and Apex )?(?:is|are) not installed")
+# the bundled workload names the grouped-GEMM backend its environment offers without TE
+_GROUPED_BACKEND = re.compile(r"grouped GEMM backend = (\S+)|experts=TorchGroupedMLP\((\S+?)\)")
 _INT = re.compile(r"^[+-]?\d+$")
 _FLOAT = re.compile(r"^[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?$|^[+-]?(?:inf|nan)$")
 _ENUM = re.compile(r"^[A-Z][A-Za-z0-9]*\.([A-Za-z_][A-Za-z0-9_]*)$")  # AttnBackend.auto -> auto
@@ -194,8 +196,13 @@ def contract_from_log(text: str) -> dict:
     if not args and not world:
         return {}
     doc = contract_from_args(args, world=world)
+    versions: dict[str, Any] = {}
     if _NO_TE.search(text):  # null = not installed: knob preconditions block TE-only changes
+        versions["transformer_engine"] = None
+    if m := _GROUPED_BACKEND.search(text):
+        versions["grouped_gemm"] = m.group(1) or m.group(2)
+    if versions:
         margs = doc.pop("megatron_args")
-        doc["versions"] = {"transformer_engine": None}
+        doc["versions"] = versions
         doc["megatron_args"] = margs
     return doc

@@ -75,6 +75,7 @@ class Episode:
     ts: np.ndarray         # original start/end, ns
     te: np.ndarray
     kclass: list[str]      # GPU: kernel class; host: rclass of the call
+    names: list[str]       # event names (kernel names for GPU ops)
     opt: np.ndarray        # belongs to the optimizer (its kernels and their launch calls)
     recompute: np.ndarray  # re-runs forward work inside backward (kernels and launch calls)
     preds: list[list[tuple[int, str]]]  # per position: (pred position, edge kind)
@@ -107,6 +108,7 @@ def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: 
                                     schema={"node": pl.Int64, "_pos": pl.Int64}), on="node"
                        ).sort("_pos")
     corr = nodes["correlation"].to_list()
+    names = nodes["name"].cast(pl.String).fill_null("").to_list()
     is_gpu = nodes["is_gpu"].to_numpy()
     kcls = nodes["cls"].to_list()
     opt_corr = {c for c, k, gp in zip(corr, kcls, is_gpu, strict=True)
@@ -127,8 +129,8 @@ def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: 
            for p, k in preds[i] if k == "launch" and ts[i] >= ts[p]
            and not any(k2 == "stream" and te[p2] > ts[p] for p2, k2 in preds[i])]
     lat_typ = int(np.median(lat)) if lat else 5 * _US
-    return Episode(start_ns, end_ns - start_ns, np.array(order), is_gpu, ts, te, kcls, opt, rec,
-                   preds, max(lat_typ, 1 * _US))
+    return Episode(start_ns, end_ns - start_ns, np.array(order), is_gpu, ts, te, kcls, names, opt,
+                   rec, preds, max(lat_typ, 1 * _US))
 
 
 def _topo(g: Any, keep: set[int]) -> list[int]:
@@ -171,48 +173,74 @@ def untouched(ep: Episode) -> Edit:
     return Edit((ep.te - ep.ts).astype(np.float64), np.ones(n), np.zeros(n, dtype=bool))
 
 
-def replay(ep: Episode, edit: Edit) -> float:
-    """The step's length (ns) when its graph runs with the edited durations and gaps."""
+def replay(ep: Episode, edit: Edit, host_scale: float = 1.0) -> float:
+    """The step's length (ns) when its graph runs with the edited durations and gaps; host call
+    durations and the CPU time between calls are further scaled by `host_scale`."""
     n = len(ep.ids)
-    start = np.zeros(n)
-    end = np.zeros(n)
-    ts, te = ep.ts, ep.te
+    start = [0.0] * n
+    end = [0.0] * n
+    ts, te, is_gpu = ep.ts.tolist(), ep.te.tolist(), ep.is_gpu.tolist()
+    dur, gapf, free = edit.dur.tolist(), edit.gap.tolist(), edit.no_launch.tolist()
+    lat = ep.lat_typ
     for i in range(n):
-        ready = float(ts[i] - ep.start_ns) if not ep.preds[i] else 0.0
-        if ep.is_gpu[i]:
-            for p, k in ep.preds[i]:
+        preds = ep.preds[i]
+        ready = float(ts[i] - ep.start_ns) if not preds else 0.0
+        if is_gpu[i]:
+            for p, k in preds:
                 if k == "launch":
-                    if edit.no_launch[i]:
+                    if free[i]:
                         continue
-                    r = start[p] + min(max(ts[i] - ts[p], 0), ep.lat_typ)
-                elif k in ("stream", "event_wait") or k == "collective":
+                    r = start[p] + min(max(ts[i] - ts[p], 0), lat)
+                else:  # stream, event_wait, collective: after the predecessor ended
                     r = end[p]
-                else:
-                    r = end[p]
-                ready = max(ready, r)
+                if r > ready:
+                    ready = r
             start[i] = ready
-            end[i] = ready + edit.dur[i]
+            end[i] = ready + dur[i]
             continue
         waited = 0.0
         blocked_until = ts[i]
         # Of several host predecessors (program order and a hand-off from another thread), the
         # one that ended last released the call: only its gap is CPU work, the others' gaps
         # were waiting for it.
-        binding = max((p for p, k in ep.preds[i] if k == "host"), key=lambda p: te[p], default=-1)
-        for p, k in ep.preds[i]:
+        binding, last = -1, -1
+        for p, k in preds:
+            if k == "host" and te[p] > last:
+                binding, last = p, te[p]
+        for p, k in preds:
             if k == "sync":
                 waited = max(waited, end[p])
                 blocked_until = max(blocked_until, te[p])
             else:
-                gap = max(ts[i] - te[p], 0) if p == binding else 0
-                ready = max(ready, end[p] + gap * edit.gap[i])
+                gap = max(ts[i] - te[p], 0) * gapf[i] * host_scale if p == binding else 0.0
+                ready = max(ready, end[p] + gap)
         start[i] = ready
+        own = dur[i] * host_scale
         if blocked_until > ts[i]:  # it blocked: own time is the tail after the awaited op ended
-            tail = max(te[i] - blocked_until, 0) * (edit.dur[i] / max(te[i] - ts[i], 1))
+            tail = max(te[i] - blocked_until, 0) * (own / max(te[i] - ts[i], 1))
             end[i] = max(ready, waited) + tail
         else:
-            end[i] = max(ready + edit.dur[i], waited)
-    return float(end.max()) if n else 0.0
+            end[i] = max(ready + own, waited)
+    return max(end) if n else 0.0
+
+
+def host_scale_for(ep: Episode, reference_ns: float, base_ns: float) -> float:
+    """The factor on host time that makes the untouched replay last `reference_ns`: a profiled
+    step is slower than the run's unprofiled one, and the profiler's cost is host time (per-op
+    bookkeeping), so the host work is scaled to the step time the run's log measured."""
+    if not reference_ns or reference_ns >= base_ns:
+        return 1.0
+    lo, hi = 0.05, 1.0
+    e = untouched(ep)
+    for _ in range(12):  # bisection: the replay grows monotonically with host time
+        mid = (lo + hi) / 2
+        if replay(ep, e, mid) > reference_ns:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo < 0.01:
+            break
+    return (lo + hi) / 2
 
 
 # --------------------------------------------------------------------------- transforms
@@ -265,7 +293,8 @@ def group_expert_gemms(ep: Episode, params: Mapping[str, float], ctx: Mapping[st
                      for k in ep.kclass]) & ep.is_gpu & ~ep.opt
     if gemm.sum() < 2 * experts:
         return None
-    loop = _expert_loop(ep, gemm, experts)
+    passes = int(ctx.get("passes") or 0)
+    loop = _per_expert_ops(ep, experts, passes) if passes else _expert_loop(ep, gemm, experts)
     if not loop.any():
         return None
     e = untouched(ep)
@@ -275,6 +304,27 @@ def group_expert_gemms(ep: Episode, params: Mapping[str, float], ctx: Mapping[st
     gpu = loop & ep.is_gpu
     e.dur[gpu] = _affine(e.dur[gpu], params["fixed_us"] * _US, experts)
     return e
+
+
+def _per_expert_ops(ep: Episode, experts: int, passes: int) -> np.ndarray:
+    """Ops the expert loop runs once per expert: kernels that occur at least a quarter of the
+    experts' times per MoE layer pass (the dense parts of a layer run a few kernels of a kind per
+    pass, the loop E of each), plus their launch calls."""
+    from collections import Counter
+
+    body = ep.is_gpu & ~ep.opt
+    # a GEMM's kernel is picked per shape, and the experts' token counts differ: count GEMMs by
+    # class, other kernels by name
+    keys = [k if k.startswith("compute.gemm") else n
+            for k, n in zip(ep.kclass, ep.names, strict=True)]
+    count = Counter(key for key, b in zip(keys, body, strict=True) if b)
+    least = max(experts / 4, 2) * passes
+    flags = np.array([bool(b) and count[key] >= least for key, b in zip(keys, body, strict=True)])
+    for i in np.nonzero(flags)[0]:
+        for p, k in ep.preds[i]:
+            if k == "launch":
+                flags[p] = True
+    return flags
 
 
 def _expert_loop(ep: Episode, gemm: np.ndarray, experts: int) -> np.ndarray:
@@ -349,15 +399,18 @@ def _params_at(spec: Mapping[str, Any], end: int) -> dict[str, float]:
 
 
 def estimate(ep: Episode, tid: str, spec: Mapping[str, Any], ctx: Mapping[str, Any],
-             base_ns: float) -> dict[str, Any] | None:
+             base_ns: float, host_scale: float = 1.0, reference_s: float | None = None
+             ) -> dict[str, Any] | None:
+    """Predicted speedup range and step time of one transform; the step it starts from is the
+    run's unprofiled one when known (`reference_s`), else the profiled one."""
     fn = KIND_FUNCS[spec["kind"]]
     times = []
     for end in (0, 1):
         edit = fn(ep, _params_at(spec, end), ctx)
         if edit is None:
             return None
-        times.append(replay(ep, edit))
-    t = ep.measured_ns
+        times.append(replay(ep, edit, host_scale))
+    t = reference_s * 1e9 if reference_s else ep.measured_ns
     new = sorted(t * x / base_ns for x in times)  # [fastest, slowest]
     lo, hi = t / new[1] - 1, t / new[0] - 1
     mid = (lo + hi) / 2
@@ -395,7 +448,14 @@ def contract_context(tid: str, spec: Mapping[str, Any], contract: Mapping[str, A
         ep_size = (con.get("parallelism") or {}).get("ep") or 1
         if not experts:
             return None
-        return {"experts": int(experts) // int(ep_size)}
+        layers = model.get("num_layers") or margs.get("num_layers")
+        mbs = shape.get("micro_batch_size") or margs.get("micro_batch_size")
+        gbs = shape.get("global_batch_size") or margs.get("global_batch_size")
+        dp = (con.get("parallelism") or {}).get("dp") or 1
+        # MoE layer passes of one step (forward and backward of each micro-batch): kernels of the
+        # expert loop occur about E times per pass
+        passes = layers * max(gbs // (mbs * dp), 1) if layers and mbs and gbs else 0
+        return {"experts": int(experts) // int(ep_size), "passes": passes}
     return {}
 
 
@@ -419,17 +479,25 @@ def whatif_section(trace: Any, steps: Any, ctx: Any) -> dict[str, Any]:
     if ep is None:
         return {}
     base = replay(ep, untouched(ep))
+    fidelity = round(base / ep.measured_ns, 4) if ep.measured_ns else None
+    ref = getattr(ctx, "reference_step_s", None)
+    scale = 1.0
+    if ref:
+        scale = host_scale_for(ep, ref * 1e9, base)
+        base = replay(ep, untouched(ep), scale)
     out: dict[str, Any] = {}
     for tid, spec in transforms().items():
         c = contract_context(tid, spec, ctx.contract)
         if c is None:
             continue
-        est = estimate(ep, tid, spec, c, base)
+        est = estimate(ep, tid, spec, c, base, scale, ref)
         if est is not None:
             out[tid] = est
     return {"whatif": {
         "rank": int(row["rank"]), "step": int(row["step"]),
-        "fidelity": round(base / ep.measured_ns, 4) if ep.measured_ns else None,
+        "fidelity": fidelity,
+        "reference_step_s": ref,
+        "host_scale": round(scale, 4),
         "nodes": len(ep.ids),
         "transforms": out,
     }}

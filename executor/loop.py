@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moetune.executor.candidate import Change, Knob, Launch, apply, diff, parse_change
 from moetune.executor.launchers import RunSpec, get_launcher
@@ -34,6 +34,10 @@ from moetune.executor.validate import (
 )
 
 from moetune.errors import UserError
+from moetune.knobs import knob
+
+if TYPE_CHECKING:
+    from moetune.analysis import Recommendation
 
 TRAIN_ITERS = Knob("train_iters", type="int", flag="--train-iters")
 LOG_INTERVAL = Knob("log_interval", type="int", flag="--log-interval")
@@ -217,54 +221,72 @@ def _with_args(launch: Launch, extra: str) -> Launch:
     return Launch(tuple(launch.argv) + tuple(shlex.split(extra)), dict(launch.env))
 
 
-Recommender = Callable[[list[str], Any, Path | None], list[dict[str, Any]]]
+Recommender = Callable[..., "list[Recommendation]"]
 
 
-def rules_recommender(traces: list[str], contract: Any, contract_path: Path | None
-                      ) -> list[dict[str, Any]]:
-    """Diagnose the profile traces and ask the rules engine; [] when either is missing."""
-    try:
-        from moetune.analyzer.diagnose import diagnose
-        from moetune.rules.engine import recommend
-        from moetune.rules.load import load_rules
-    except ImportError as exc:
-        log(f"rules engine not available ({exc.name}); using --try candidates only")
-        return []
-    try:
-        diagnosis = diagnose(traces, contract=contract if contract else None)
-        doc = recommend(load_rules(), diagnosis, contract or {})
-    except UserError as exc:
-        log(f"diagnosis failed: {exc.message}; using --try candidates only")
-        return []
-    out = []
-    for rec in doc.get("recommendations", []):
-        ch = rec.get("change") or {}
-        out.append({"knob": ch.get("knob"), "value": ch.get("to"), "with": ch.get("with") or {},
-                    "source": rec.get("rule"),
-                    "predicted_gain": ((rec.get("gain") or {}).get("speedup") or {}).get("mid")})
-    return [o for o in out if o["knob"]]
+def rules_recommender(traces: list[str], contract: Any, contract_path: Path | None, *,
+                      reference_step_s: float | None = None) -> list[Recommendation]:
+    """The one pipeline (moetune.analysis) on the profile traces: the rules' ranked changes.
+    Raises UserError when the run cannot be diagnosed (the caller decides what that means)."""
+    from moetune.analysis import analyze
+
+    analysis = analyze(traces, contract if contract else None, reference_step_s=reference_step_s)
+    return list(analysis.advise().recommendations)
 
 
-def candidate_changes(recs: list[dict[str, Any]], tries: Sequence[str]) -> list[dict[str, Any]]:
-    """The user's `--try` list first (what they asked for), then the rules' recommendations in
-    their ranking; one knob each (a rule's `with` is that knob's own scope)."""
+def candidate_changes(recs: Sequence[Recommendation], tries: Sequence[str],
+                      calibration: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+    """The user's `--try` list first (what they asked for), then the rules' recommendations by
+    predicted gain, each scaled by its rule's measured/predicted ratio so far (`calibration`);
+    one knob each (a rule's scope knobs come with it)."""
+    cal = calibration or {}
     out: list[dict[str, Any]] = []
     for t in tries:
         ch = parse_change(t)
         # a rule proposing the very same change lends its prediction (predicted vs measured)
-        same = next((r for r in recs if parse_change(f"{r['knob']}={_text(r['value'])}").label
-                     == ch.label), None)
+        same = next((r for r in recs if _change(r.knob, r.value).label == ch.label), None)
         out.append({"changes": [ch], "label": ch.label,
-                    "source": f"user ({same['source']})" if same else "user",
-                    "predicted_gain": same.get("predicted_gain") if same else None})
+                    "source": f"user ({same.rule})" if same else "user",
+                    "predicted_gain": _calibrated(same, cal) if same else None,
+                    "memory": same.entry.get("memory") if same else None})
     tried = {c["label"] for c in out}
+    ruled = []
     for r in recs:
-        ch = [parse_change(f"{r['knob']}={_text(r['value'])}")]
-        if ch[0].label in tried:  # already first in line as the user's --try
+        changes = [_change(k, v) for k, v in r.changes]
+        if changes[0].label in tried:  # already first in line as the user's --try
             continue
-        ch += [parse_change(f"{k}={_text(v)}") for k, v in (r.get("with") or {}).items()]
-        out.append({"changes": ch, "label": ch[0].label, "source": r.get("source"),
-                    "predicted_gain": r.get("predicted_gain")})
+        fits = (r.entry.get("memory") or {}).get("fits")
+        ruled.append({"changes": changes, "label": changes[0].label, "source": r.rule,
+                      "predicted_gain": _calibrated(r, cal), "memory": r.entry.get("memory"),
+                      "_fits": fits is not False})
+    # the engine's order, re-sorted once calibration has moved a rule's predictions; changes
+    # predicted not to fit stay last
+    ruled.sort(key=lambda c: (not c["_fits"], -(c["predicted_gain"] or 0.0)))
+    for c in ruled:
+        c.pop("_fits")
+    return out + ruled
+
+
+def _change(name: str, value: Any) -> Change:
+    return Change(knob(name), value)
+
+
+def _calibrated(rec: Recommendation, cal: Mapping[str, float]) -> float | None:
+    if rec.predicted_speedup is None:
+        return None
+    return rec.predicted_speedup * cal.get(rec.rule, 1.0)
+
+
+def session_calibration(decisions: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per rule, the median measured/predicted ratio of this session's decisions (clamped to
+    ×¼…×4: one odd A/B must not silence a rule)."""
+    from moetune.executor.calibration import by_rule
+
+    out = {}
+    for row in by_rule(decisions):
+        ratio = row.get("measured_over_predicted")
+        if ratio is not None and row["measured"] >= 1:
+            out[row["rule"]] = min(max(float(ratio), 0.25), 4.0)
     return out
 
 
@@ -294,15 +316,15 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
         accepted: list[dict[str, Any]] = []
         spent = 0
         rnd = 0
+        noise = opts.policy.min_gain  # widened by the noise band each A/B measures
         while spent < opts.budget:
-            recs: list[dict[str, Any]] = []
+            recs: list[Recommendation] = []
             con = _round_contract(contract, accepted)
             if profile_tpl and recommender is not None:
                 recs = _profile_and_recommend(runner, rnd, base, profile_tpl, con,
                                               contract_path, recommender)
-            elif recommender is not None:
-                recs = recommender([], con, contract_path)
-            pending = [c for c in candidate_changes(recs, opts.tries)
+            cal = session_calibration(led.decisions(sid))
+            pending = [c for c in candidate_changes(recs, opts.tries, cal)
                        if c["label"] not in decided and apply_all(base, c["changes"]) != base]
             if not pending:
                 log("no candidate left to try")
@@ -310,6 +332,12 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
             progressed = False
             for cand in pending:
                 if spent >= opts.budget:
+                    break
+                pred = cand["predicted_gain"]
+                if cand["source"] != "user" and pred is not None and pred <= noise:
+                    # candidates come best predicted first: the rest promise no more
+                    log(f"{cand['label']}: predicted {pred:+.1%} is inside the noise band "
+                        f"({noise:.1%}); stopping")
                     break
                 spent += 1
                 label = cand["label"]
@@ -322,6 +350,8 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                     res = validate_candidate(runner, f"r{rnd}", base, cl, label,
                                              profile_tpl=profile_tpl, contract=con,
                                              knob=ch0.knob.name, value=ch0.value)
+                    # the memory prediction that allowed the change, beside what it measured
+                    res["predicted_memory"] = cand.get("memory")
                     led.record_decision(
                         sid, key, label=label,
                         change={"knob": ch0.knob.name, "value": ch0.value,
@@ -331,6 +361,8 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                         verdict=res["verdict"], cause=res.get("cause"), evidence=res)
                     prior = led.decision(sid, key)
                 assert prior is not None
+                if prior.get("noise") is not None:
+                    noise = max(noise, float(prior["noise"]))
                 log(f"{label}: {prior['verdict']}"
                     + (f" ({prior['cause']})" if prior["cause"] else "")
                     + (f", gain {prior['measured_gain']:+.1%}"
@@ -372,7 +404,7 @@ def apply_all(launch: Launch, changes: Sequence[Change]) -> Launch:
 
 def _profile_and_recommend(runner: Runner, rnd: int, base: Launch, tpl: str, contract: Any,
                            contract_path: Path | None, recommender: Recommender
-                           ) -> list[dict[str, Any]]:
+                           ) -> list[Recommendation]:
     pol = runner.opts.policy
     iters = pol.screen_iters
     trace_dir = runner.opts.workdir / runner.session / f"r{rnd}-profile-trace"
@@ -388,10 +420,33 @@ def _profile_and_recommend(runner: Runner, rnd: int, base: Launch, tpl: str, con
         return []
     if contract is None:  # no contract given: the run's own argument dump says what it claims
         contract = _contract_from_log(Path(rec["log_path"]))
-    recs = recommender(traces, contract, contract_path)
-    log("rules recommend: " + (", ".join(f"{r['knob']}={_text(r['value'])} ({r['source']})"
-                                         for r in recs) or "nothing"))
+    try:
+        recs = recommender(traces, contract, contract_path,
+                           reference_step_s=_unprofiled_step_s(Path(rec["log_path"]), start))
+    except UserError as exc:
+        if runner.opts.tries:
+            log(f"the profile cannot be diagnosed ({exc.message}); trying --try candidates only")
+            return []
+        raise UserError(f"tune cannot work on this run: its profile cannot be diagnosed "
+                        f"({exc.message}); pass --try KNOB=VALUE to A/B changes without a "
+                        "diagnosis") from None
+    log("rules recommend: " + (", ".join(f"{r.knob}={_text(r.value)} ({r.rule})" for r in recs)
+                               or "nothing"))
     return recs
+
+
+def _unprofiled_step_s(log_path: Path, profile_start: int) -> float | None:
+    """Median time of the profile run's iterations before the profiler started (after the first),
+    the step time the what-if estimates start from: profiled steps run slower."""
+    try:
+        it = parse_file(log_path).iterations
+    except (OSError, UserError):
+        return None
+    if not it.height:
+        return None
+    rows = it.filter((it["iteration"] >= 2) & (it["iteration"] < profile_start))
+    times = sorted(x for x in rows.get_column("elapsed_ms").drop_nulls().to_list() if x > 0)
+    return times[(len(times) - 1) // 2] / 1e3 if times else None
 
 
 def _contract_from_log(path: Path) -> Any:

@@ -100,11 +100,14 @@ def analyze(
     step_range: str | None = None,
     full: bool = True,
     audit: bool = True,
+    reference_step_s: float | None = None,
 ) -> Analysis:
     """Read the traces once; diagnose them and, when the contract claims anything, audit it.
 
     `full=False` runs only what the audit needs (steps and its probes), not the timeline graph:
     what `moetune audit` asks for. `audit=False` reads the contract for its window only.
+    `reference_step_s`: the run's unprofiled step time (its log's iterations), which the what-if
+    estimates start from (a profiled step runs slower).
     """
     from moetune.analyzer import diagnose as diag
     from moetune.analyzer.audit import AuditRun
@@ -127,7 +130,8 @@ def analyze(
     elif run is not None and not full:  # nothing to probe: the audit needs no diagnosis
         return Analysis(tuple(files), con, None, run.document(None, files=files))
     diagnosis = diag.diagnose_trace(trace, files=files, window=window, contract=doc,
-                                    step_range=step_range, sections=sections, classes=classes)
+                                    step_range=step_range, sections=sections, classes=classes,
+                                    reference_step_s=reference_step_s)
     report = None
     if run is not None:
         report = run.document(diagnosis if classes is not None else None, files=files)

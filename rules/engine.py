@@ -326,7 +326,7 @@ def predict_gain(rule: Rule, diagnosis: Mapping[str, Any]) -> dict[str, Any]:
         sp, st = est["speedup"], est["step_time_s"]
         return {
             "speedup": {"low": sp["low"], "high": sp["high"], "mid": sp["mid"]},
-            "step_time_s": {"before": t, "low": st["low"], "high": st["high"]},
+            "step_time_s": {"before": st["before"], "low": st["low"], "high": st["high"]},
             "ceiling": None, "recoverable_s": None, "recoverable_from": f"whatif.{spec['whatif']}",
             "basis": f"{est['basis']} (what-if replay, fidelity {lookup(diagnosis, 'whatif.fidelity')})",
         }

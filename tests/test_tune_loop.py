@@ -110,14 +110,21 @@ def test_tune_killed_mid_run_resumes_without_redoing(tmp_path: Path) -> None:
     assert res["decisions"][0]["verdict"] == "accepted"
 
 
+def _rec(rule: str, knob: str, value, mid: float, scope=None, memory=None):
+    from moetune.analysis import Recommendation
+
+    entry = {"rule": rule, "wall": "host", "change": {"knob": knob, "to": value,
+                                                      "with": scope or {}},
+             "gain": {"speedup": {"mid": mid}}, "memory": memory}
+    return Recommendation.from_entry(entry)
+
+
 def test_candidate_order_round_contract_and_session_id(tmp_path: Path) -> None:
     from moetune.executor.loop import TuneOptions, _round_contract, candidate_changes, session_id
 
-    recs = [{"knob": "cuda_graph_impl", "value": "transformer_engine",
-             "with": {"cuda_graph_modules": ["moe_router", "moe_preprocess"]},
-             "source": "host.cuda-graphs", "predicted_gain": 1.69},
-            {"knob": "micro_batch_size", "value": 2, "with": {}, "source": "host.larger-micro-batch",
-             "predicted_gain": 0.5}]
+    recs = [_rec("host.cuda-graphs", "cuda_graph_impl", "transformer_engine", 1.69,
+                 {"cuda_graph_modules": ["moe_router", "moe_preprocess"]}),
+            _rec("host.larger-micro-batch", "micro_batch_size", 2, 0.5)]
     cands = candidate_changes(recs, ["moe_grouped_gemm=true"])
     assert [c["label"] for c in cands] == ["moe_grouped_gemm=true", "cuda_graph_impl=transformer_engine",
                                            "micro_batch_size=2"]
@@ -138,3 +145,38 @@ def test_candidate_order_round_contract_and_session_id(tmp_path: Path) -> None:
     o = TuneOptions(workdir=tmp_path, ledger=tmp_path / "l.db")
     assert session_id(["a"], {}, con, o) == session_id(["a"], {}, con, o)
     assert session_id(["a"], {}, con, o) != session_id(["a", "b"], {}, con, o)
+
+
+def test_calibration_reorders_and_non_fitting_changes_go_last() -> None:
+    """A rule whose A/Bs this session measured a quarter of its prediction drops behind one that
+    held; a change predicted not to fit comes after every change that fits, whatever it
+    promises."""
+    from moetune.executor.loop import candidate_changes, session_calibration
+
+    decisions = [{"source": "host.cuda-graphs", "predicted_gain": 1.6, "measured_gain": 0.4,
+                  "verdict": "rejected"},
+                 {"source": "host.larger-micro-batch", "predicted_gain": 0.5,
+                  "measured_gain": 0.55, "verdict": "accepted"}]
+    cal = session_calibration(decisions)
+    assert cal == {"host.cuda-graphs": 0.25, "host.larger-micro-batch": 1.1}
+    recs = [_rec("host.cuda-graphs", "cuda_graph_impl", "local", 1.69),
+            _rec("host.larger-micro-batch", "micro_batch_size", 2, 0.5),
+            _rec("memory.recompute-off", "recompute_granularity", None, 3.0,
+                 memory={"peak_gib": 150.0, "capacity_gib": 139.8, "fits": False,
+                         "basis": "model only"})]
+    cands = candidate_changes(recs, [], cal)
+    assert [c["source"] for c in cands] == ["host.larger-micro-batch", "host.cuda-graphs",
+                                           "memory.recompute-off"]
+    assert cands[1]["predicted_gain"] == pytest.approx(1.69 * 0.25)
+    assert cands[2]["memory"]["fits"] is False
+
+
+def test_tune_that_cannot_diagnose_says_so(tmp_path: Path) -> None:
+    """A CPU run's profile has no GPU events: with no --try the loop has nothing to go on, and
+    says so in one line with exit 2 instead of recommending nothing."""
+    pytest.importorskip("torch")
+    r = moetune("tune", "--cmd", WORKLOAD, "--budget", "1", *FAST, "--ledger",
+                str(tmp_path / "l.db"), "--workdir", str(tmp_path / "runs"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("moetune: tune cannot work on this run") and "no GPU events" in last

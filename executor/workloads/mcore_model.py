@@ -112,6 +112,10 @@ def build(a: Namespace) -> tuple[Any, Any, Any, str]:
         spec = specs.get_gpt_layer_local_spec(
             num_experts=a.num_experts, moe_grouped_gemm=a.moe_grouped_gemm)
         experts = "SequentialMLP"
+        if hasattr(torch, "_grouped_mm") and a.tensor_model_parallel_size == 1:
+            # what the environment offers, whether or not this run uses it (`contract from-log`
+            # records it as versions.grouped_gemm: the grouped-GEMM change is then legal)
+            print("moetune workload: grouped GEMM backend = torch._grouped_mm", flush=True)
         if a.moe_grouped_gemm and hasattr(torch, "_grouped_mm") and \
                 a.tensor_model_parallel_size == 1:
             # the local spec would silently keep SequentialMLP; put real grouped GEMMs in

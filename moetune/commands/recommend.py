@@ -31,6 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--contract", metavar="FILE",
                    help="measurement contract (YAML/JSON): current arguments, hardware, versions")
     p.add_argument("--audit", metavar="FILE", help="saved `moetune audit --json` document")
+    p.add_argument("--log", metavar="FILE",
+                   help="the profiled run's Megatron log: its unprofiled step time (median of the "
+                   "iteration lines) is what the what-if estimates start from")
     p.add_argument("--json", action="store_true", help="print only the recommendations document")
     p.add_argument("--top", type=int, metavar="N", help="show the N best recommendations")
     p.add_argument("--rules", action="append", default=[], metavar="DIR",
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     audit = _audit_doc(Path(args.audit)) if args.audit else None
     diagnosis = saved_diagnosis(args.inputs)
     if diagnosis is None:
-        analysis = analyze(args.inputs, args.contract)
+        analysis = analyze(args.inputs, args.contract, reference_step_s=log_step_s(args.log))
         if audit is None:
             doc = analysis.advise(rules, options=options).document
         else:  # the user's saved audit stands in for the one this pass made
@@ -111,6 +114,22 @@ def run(args: argparse.Namespace) -> int:
         print("moetune: no --contract: current arguments taken as Megatron defaults, "
               "preconditions unverified", file=sys.stderr)
     return 0
+
+
+def log_step_s(path: str | None) -> float | None:
+    """Median iteration time (s) of a Megatron log, skipping the first iterations (warm-up)."""
+    if not path:
+        return None
+    from moetune.executor.logparse import parse_file
+
+    parsed = parse_file(path)
+    times = [x for x in parsed.iterations.get_column("elapsed_ms").drop_nulls().to_list() if x > 0] \
+        if parsed.iterations.height else []
+    steady = times[len(times) // 3:] if len(times) >= 3 else times
+    if not steady:
+        raise UserError("no iteration times in the log", path=path)
+    steady.sort()
+    return steady[(len(steady) - 1) // 2] / 1e3
 
 
 def _audit_doc(path: Path) -> Any:

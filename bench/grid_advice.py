@@ -1,0 +1,121 @@
+"""Judge the advisor on the H200 grid (bench/grid/grid_h200.json): from every profiled point, ask
+`moetune recommend` (the same pipeline: trace + the contract the run's own log gives) and compare
+each recommendation with what the grid measured for that change.
+
+    python bench/grid_advice.py                 # table on stdout
+    python bench/grid_advice.py --json out.json # and the rows as JSON
+
+A recommendation is judged where the grid holds the point it leads to: measured gain = step(start)
+/ step(point) − 1 with the grid's step times (median of steady iterations, unprofiled), inside the
+predicted range or not, and within ±25 % of the predicted midpoint or not. The recorded logs predate
+the workload's `grouped GEMM backend` line, so the contract states that backend (the environment
+has torch._grouped_mm: the workload's grouped experts run without Transformer Engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = ROOT / "bench" / "grid" / "grid_h200.json"
+TRACES = ROOT / "fixtures" / "traces"
+
+
+def grid_knobs(change: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any] | None:
+    """The grid point a change leads to (None: a knob the grid does not vary)."""
+    k, v = change["knob"], change["to"]
+    out = dict(knobs)
+    if k == "micro_batch_size":
+        out["mbs"] = int(v)
+    elif k == "moe_grouped_gemm":
+        out["grouped"] = bool(v)
+    elif k == "recompute_granularity":
+        out["recompute"] = "none" if v is None else str(v)
+    elif k == "cuda_graph_impl":
+        out["graphs"] = "eager" if v in (None, "none") else "local"
+    elif k == "moe_token_dispatcher_type":
+        out["dispatcher"] = {"alltoall": "alltoall", "allgather": "allgather"}.get(v, v)
+    else:
+        return None
+    return out
+
+
+def judge(rec: dict[str, Any], start_ms: float, points: dict[str, dict[str, Any]],
+          knobs: dict[str, Any]) -> dict[str, Any]:
+    to = grid_knobs(rec["change"], knobs)
+    sp = rec["gain"]["speedup"]
+    row = {"rule": rec["rule"], "change": f"{rec['change']['knob']}={rec['change']['to']}",
+           "predicted": [sp["low"], sp["mid"], sp["high"]], "measured": None, "point": None,
+           "fits": (rec.get("memory") or {}).get("fits")}
+    if to is None:
+        return row
+    hit = next((p for p in points.values() if p["knobs"] == to), None)
+    if hit is None:
+        return row
+    row["point"] = hit["id"]
+    if hit["status"] == "ok" and hit["step_ms"]:
+        g = start_ms / hit["step_ms"] - 1
+        row["measured"] = round(g, 4)
+        row["in_range"] = sp["low"] <= g <= sp["high"]
+        row["within_25"] = abs(g - sp["mid"]) <= 0.25 * abs(sp["mid"]) if sp["mid"] else False
+    else:
+        row["status"] = hit["status"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-reference", dest="reference", action="store_false",
+                    help="predict from the profiled step, not the run's unprofiled step time")
+    args = ap.parse_args(argv)
+    from moetune.analyzer.megatron_args import contract_from_log
+
+    from moetune.analysis import analyze
+
+    grid = json.loads(GRID.read_text())
+    rows = []
+    for shape, s in grid["shapes"].items():
+        points = {p["id"]: p for p in s["points"]}
+        best = min((p["step_ms"] for p in points.values() if p["status"] == "ok"), default=None)
+        for pid, p in points.items():
+            folder = TRACES / f"grid_{shape}_{pid}"
+            if p["status"] != "ok" or not (folder / "trace.json.gz").is_file():
+                continue
+            contract = contract_from_log((folder / "train.log").read_text())
+            contract.setdefault("versions", {}).setdefault("grouped_gemm", "torch._grouped_mm")
+            advice = analyze(folder / "trace.json.gz", contract,
+                             reference_step_s=p["step_ms"] / 1e3 if args.reference else None
+                             ).advise()
+            recs = advice.document["recommendations"]
+            judged = [judge(r, p["step_ms"], points, p["knobs"]) for r in recs]
+            rows.append({"shape": shape, "start": pid, "step_ms": p["step_ms"],
+                         "best": p["step_ms"] == best, "recommendations": judged,
+                         "prerequisites": [x["rule"] for x in advice.document["prerequisites"]]})
+            top = judged[0] if judged else None
+            print(f"{shape:4} {pid:30} {p['step_ms']:8.1f} ms  top: "
+                  + (f"{top['change']:28} pred {top['predicted'][0]:+.0%}…{top['predicted'][2]:+.0%}"
+                     f" (mid {top['predicted'][1]:+.0%}) measured "
+                     + (f"{top['measured']:+.0%}" if top["measured"] is not None else "n/a")
+                     if top else "nothing"), flush=True)
+    judged = [r for row in rows for r in row["recommendations"] if r["measured"] is not None]
+    tops = [row["recommendations"][0] for row in rows
+            if row["recommendations"] and not row["best"]]
+    print()
+    print(f"judged recommendations: {len(judged)}; in predicted range "
+          f"{sum(r['in_range'] for r in judged)}, within ±25 % of the midpoint "
+          f"{sum(r['within_25'] for r in judged)}")
+    print(f"top recommendation from non-optimal points: {len(tops)}; measured wins "
+          f"{sum(1 for t in tops if (t['measured'] or 0) > 0.02)}, unmeasured "
+          f"{sum(1 for t in tops if t['measured'] is None)}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
