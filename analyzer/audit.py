@@ -22,7 +22,7 @@ from typing import Any
 import jsonschema
 import polars as pl
 from moetune.analyzer.classify import KernelClasses, load_classes, match_expr, with_pg_role
-from moetune.analyzer.contract import MISSING, Contract, load_contract, lookup
+from moetune.analyzer.contract import MISSING, Contract, lookup
 from moetune.analyzer.frames import GPU_KINDS, Trace
 from moetune.analyzer.intervals import END, START, intersect, total_ns, union
 
@@ -485,7 +485,7 @@ def applicable(signatures: Signatures, claims: Mapping[str, Any]) -> list[tuple[
 class AuditRun:
     """One audit sharing the diagnosis pass: add `section` to `diagnose_trace(sections=…)` (it
     measures the signatures' probes on the same classified events and steady-step windows), then
-    call `document(diagnosis)`. `audit_trace` does both; `recommend` can reuse its own diagnosis."""
+    call `document(diagnosis)`; moetune.analysis runs both in the one diagnosis pass."""
 
     def __init__(self, contract: Contract, trace: Trace, *, signatures: Signatures | None = None,
                  classes: KernelClasses | None = None) -> None:
@@ -594,28 +594,6 @@ class AuditRun:
         }
 
 
-def audit_trace(
-    contract: Contract,
-    trace: Trace,
-    *,
-    files: Sequence[Path] = (),
-    window: str | None = None,
-    signatures: Signatures | None = None,
-    classes: KernelClasses | None = None,
-) -> dict[str, Any]:
-    """The audit document (schemas/audit.schema.json) for a contract and an already-read trace."""
-    # On use, not at import: the CLI imports this module for its parser at every start-up, and the
-    # diagnosis brings networkx and the timeline graph (about 0.5 s).
-    from moetune.analyzer.diagnose import diagnose_trace
-
-    run = AuditRun(contract, trace, signatures=signatures, classes=classes)
-    diagnosis = None
-    if run.todo and run.gpu_rows:
-        diagnosis = diagnose_trace(trace, files=files, window=window, contract=thaw(contract.raw),
-                                   sections=[("audit", run.section)], classes=run.classes)
-    return run.document(diagnosis, files=files)
-
-
 def _inputs(trace: Trace, files: Sequence[Path]) -> list[dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for r in trace.ranks.sort("rank").to_dicts() if trace.ranks.height else []:
@@ -625,21 +603,6 @@ def _inputs(trace: Trace, files: Sequence[Path]) -> list[dict[str, Any]]:
     for f in files:
         out.setdefault(f.name, {"file": f.name, "format": "kineto", "ranks": []})
     return [out[k] for k in sorted(out)]
-
-
-def audit(
-    contract: str | Path | Contract,
-    traces: Sequence[str | Path],
-    *,
-    window: str | None = None,
-    signatures: Signatures | None = None,
-) -> dict[str, Any]:
-    """Read the contract and the trace files, audit every claim; see `audit_trace`."""
-    from moetune.analyzer.readers import expand, load_trace  # on use, as diagnose above
-
-    con = contract if isinstance(contract, Contract) else load_contract(contract)
-    files = expand(list(traces))
-    return audit_trace(con, load_trace(list(traces)), files=files, window=window, signatures=signatures)
 
 
 @cache

@@ -193,15 +193,16 @@ def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: An
     if not trace_paths:
         return {"verdict": "unavailable", "reason": "no candidate trace"}
     try:
-        from moetune.analyzer.audit import audit
         from moetune.analyzer.contract import contract_from_doc, with_args
+
+        from moetune.analysis import analyze
     except ImportError:
         return {"verdict": "unavailable", "reason": "moetune.analyzer.audit not installed"}
     try:
         # the candidate's claims: the baseline contract with the changed argument set
         claims = contract_from_doc(with_args(contract if isinstance(contract, Mapping) else None,
                                              {knob: value}))
-        result = audit(claims, list(trace_paths))
+        result = analyze(list(trace_paths), claims, full=False).audit or {}
     except Exception as exc:  # the audit is evidence about the run, never a crash of the loop
         return {"verdict": "unavailable", "reason": f"audit failed: {exc}"[:300]}
     entry = (result.get("verdicts") or {}).get(knob)

@@ -110,7 +110,6 @@ def analyze(
     estimates start from (a profiled step runs slower).
     """
     from moetune.analyzer import diagnose as diag
-    from moetune.analyzer.audit import AuditRun
     from moetune.analyzer.readers import expand, load_trace
 
     plist = [paths] if isinstance(paths, str | Path) else list(paths)
@@ -119,7 +118,27 @@ def analyze(
     con = read_contract(contract)
     files = expand(plist)
     diag.digest_later(files)
-    trace = load_trace(plist)
+    return analyze_trace(load_trace(plist), con, files=files, window=window,
+                         step_range=step_range, full=full, audit=audit,
+                         reference_step_s=reference_step_s)
+
+
+def analyze_trace(
+    trace: Any,
+    contract: ContractInput = None,
+    *,
+    files: Sequence[Path] = (),
+    window: str | None = None,
+    step_range: str | None = None,
+    full: bool = True,
+    audit: bool = True,
+    reference_step_s: float | None = None,
+) -> Analysis:
+    """`analyze` for an already-read Trace (analyzer/frames.py)."""
+    from moetune.analyzer import diagnose as diag
+    from moetune.analyzer.audit import AuditRun
+
+    con = read_contract(contract)
     doc = _plain(con)
     run = AuditRun(con, trace) if con is not None and audit else None
     sections = list(diag.SECTIONS) if full else []

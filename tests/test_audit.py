@@ -15,7 +15,6 @@ import yaml
 from moetune.analyzer.audit import (
     SIGNATURES_PATH,
     AuditRun,
-    audit_trace,
     audit_validator,
     claim_of,
     judge,
@@ -25,6 +24,7 @@ from moetune.analyzer.classify import load_classes
 from moetune.analyzer.contract import contract_from_doc
 from moetune.analyzer.readers import expand, load_trace
 
+from moetune.analysis import analyze_trace
 from moetune.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def trace_of(corpus: Path, rel: str):
 def run_audit(corpus: Path, rel: str, margs: dict, **doc: Any) -> dict:
     trace, files = trace_of(corpus, rel)
     contract = contract_from_doc({"megatron_args": margs, **doc}, source="claims.yaml")
-    out = audit_trace(contract, trace, files=files)
+    out = analyze_trace(trace, contract, files=files, full=False).audit
     assert list(audit_validator().iter_errors(out)) == []
     return out
 
@@ -247,7 +247,7 @@ def test_ep_overlap_measured_on_real_all_to_all(corpus: Path) -> None:
 
 @pytest.mark.corpus
 @pytest.mark.parametrize(("rel", "verdict", "count", "fraction"), [
-    # HTA's comm-comp overlap on these files (corpus README §4.2): 14.31 % and 0.0 %
+    # HTA's get_comm_comp_overlap on these files: 14.31 % and 0.0 %
     ("public/kineto/hta_a100_2rank_nccl.json.gz", "confirmed", 10, 0.1481),
     ("public/kineto/hta_v100_ddp_allreduce_rank1.json.gz", "contradicted", 1616, 0.0),
 ])
@@ -317,7 +317,7 @@ def test_audit_can_share_the_callers_diagnosis_pass(corpus: Path) -> None:
     run = AuditRun(contract, trace)
     diagnosis = diagnose_trace(trace, files=files, sections=[("audit", run.section)])
     assert diagnosis["observed"]["fp8_gemm"] is False  # the caller keeps its diagnosis
-    assert run.document(diagnosis, files=files) == audit_trace(contract, trace, files=files)
+    assert run.document(diagnosis, files=files) == analyze_trace(trace, contract, files=files, full=False).audit
 
 
 @pytest.mark.corpus
@@ -413,7 +413,8 @@ DISPATCH = {  # observed backend -> (claim that holds, claim that is false), bot
 
 
 def _verdict(trace: Any, files: list[Path], margs: dict, key: str, **doc: Any) -> dict:
-    out = audit_trace(contract_from_doc({"megatron_args": margs, **doc}), trace, files=files)
+    out = analyze_trace(trace, contract_from_doc({"megatron_args": margs, **doc}), files=files,
+                        full=False).audit
     assert list(audit_validator().iter_errors(out)) == []
     return out["verdicts"][key]
 
@@ -455,7 +456,8 @@ NSYS_FIX = ROOT / "fixtures" / "nsys"
 def _gpu(path: Path, margs: dict, **doc: Any) -> dict:
     if not path.exists():
         pytest.skip(f"{path.name} not made yet (fixtures/gpu/device_run.sh)")
-    out = audit_trace(contract_from_doc({"megatron_args": margs, **doc}), load_trace([path]), files=[path])
+    out = analyze_trace(load_trace([path]), contract_from_doc({"megatron_args": margs, **doc}),
+                        files=[path], full=False).audit
     assert list(audit_validator().iter_errors(out)) == []
     return out
 

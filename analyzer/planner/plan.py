@@ -1,8 +1,9 @@
 """Fit and scale plans: legal layouts × the fit ladder, filtered by the memory model, ranked.
 
-Workflow phase 1 "Fit" and phase 2 "Scale" of moe-tuning-knowledge.md §4: for every legal layout
+The "fit, then scale" steps of Megatron-Bridge's MoE optimization workflow (skill
+nemo-mbridge-perf-moe-optimization-workflow): for every legal layout
 take the first rung of the fit ladder that fits (expandable segments first; distributed optimizer;
-selective recompute before full; offload last), then rank by the §3 priorities: minimal model
+selective recompute before full; offload last), then rank by the Megatron-Core MoE README's parallel-mapping priorities: minimal model
 parallelism / max DP, EP×TP inside the NVLink domain, PP (+VPP) across nodes, EP rather than ETP,
 CP only for long context. Each plan carries the terms of its score as its reasons.
 
@@ -59,7 +60,7 @@ class Rung:
 
 def fit_ladder(model: ModelSpec, *, distributed_optimizer: bool,
                cfg: PlannerConfig | None = None) -> list[Rung]:
-    """Rungs in planner.yaml's order (§4 phase 1, §11 rule 8); each includes all earlier ones.
+    """Rungs in planner.yaml's order (the Megatron-Bridge memory-tuning order); each includes all earlier ones.
 
     A rung's cost is the sum over the options in effect: selective modules add up, full recompute
     replaces them, a later offload fraction replaces an earlier one."""
@@ -214,7 +215,7 @@ def score_terms(req: Request, lay: Layout, rung: Rung, est: MemoryEstimate
     mp = lay.tp * lay.cp * lay.pp
     if mp > 1:
         terms.append(("model_parallel", wt("model_parallel_per_doubling") * math.log2(mp),
-                      f"model parallelism TP·CP·PP = {mp}, DP {lay.dp} (§3 priority 1: the "
+                      f"model parallelism TP·CP·PP = {mp}, DP {lay.dp} (MoE README, parallel mapping, priority 1: the "
                       "smallest model parallelism that fits, max DP)"))
     if lay.pp > 1:
         m = (w.microbatches(lay.dp)
@@ -232,14 +233,14 @@ def score_terms(req: Request, lay: Layout, rung: Rung, est: MemoryEstimate
     if lay.tp > 1:
         terms.append(("tensor_parallel", wt("tensor_parallel_per_doubling") * math.log2(lay.tp),
                       f"TP{lay.tp}: per-layer TP collectives; high TP makes MoE host-bound "
-                      "(§3: size TP by active params)"))
+                      "(MoE README: size TP by active params)"))
     if lay.cp > 1:
         per = w.seq_length // lay.cp
         weight = (wt("context_parallel_per_doubling_long_shard")
                   if per >= wt("context_parallel_long_shard_tokens")
                   else wt("context_parallel_per_doubling_short_shard"))
         terms.append(("context_parallel", weight * math.log2(lay.cp),
-                      f"CP{lay.cp}: {per} tokens per CP shard (§3: CP for ≥8K context, 4K–8K "
+                      f"CP{lay.cp}: {per} tokens per CP shard (MoE README: CP for ≥8K context, 4K–8K "
                       "tokens per shard)"))
     group = lay.ep * lay.etp
     if req.model.num_experts and group > topo.nvlink_domain:
@@ -247,18 +248,18 @@ def score_terms(req: Request, lay: Layout, rung: Rung, est: MemoryEstimate
         off = 1 - topo.nvlink_domain / group
         terms.append(("ep_cross_node", wt("ep_cross_node") * off,
                       f"EP{lay.ep}×ETP{lay.etp} spans {group // topo.nvlink_domain} NVLink domains: "
-                      f"{off:.0%} of dispatch crosses the network (§3 priority 2)"))
+                      f"{off:.0%} of dispatch crosses the network (MoE README, parallel mapping, priority 2)"))
     if lay.etp > 1:
         terms.append(("expert_tensor_parallel",
                       wt("expert_tensor_parallel_per_doubling") * math.log2(lay.etp),
-                      f"ETP{lay.etp}: prefer EP over TP for experts (§3 priority 4)"))
+                      f"ETP{lay.etp}: prefer EP over TP for experts (MoE README, parallel mapping, priority 4)"))
     cap = req.gpu_memory_gib * GIB
     headroom = 1 - est.peak_bytes / cap
     wanted = req.config.headroom_wanted
     if headroom < wanted:
         terms.append(("low_headroom", round(wt("low_headroom") * (wanted - headroom) / wanted, 6),
                       f"{headroom:.0%} headroom < {wanted:.0%}: early routing imbalance "
-                      "or fragmentation may OOM (§5.8)"))
+                      "or fragmentation may OOM (PyTorch CUDA semantics: expandable_segments)"))
     return terms
 
 
@@ -429,9 +430,9 @@ def plan_env(req: Request, plan: Plan) -> dict[str, str]:
     env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     lay = plan.layout
     if req.ep_overlap:
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"  # EP overlap wants many (§6.9, PR #2719)
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"  # EP overlap wants many (Megatron-LM PR #2719)
     elif lay.tp > 1 or lay.cp > 1:
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Hopper: asserted with TP/CP > 1 (§6.9)
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Hopper: asserted with TP/CP > 1 (Megatron-LM arguments.py validate_args)
     return env
 
 
@@ -452,7 +453,7 @@ def check_command(req: Request, plan: Plan) -> tuple[str, list[str]]:
     if req.dispatcher == "flex":
         dispatcher = " " + render_flag("moe_token_dispatcher_type", "alltoall")
         notes.append("the flex dispatcher (DeepEP/HybridEP) is incompatible with "
-                     "--fake-process-group (§6.4): the check uses alltoall, so its dispatch "
+                     "--fake-process-group (Megatron-LM arguments.py): the check uses alltoall, so its dispatch "
                      "buffers differ from the real run")
     env = " ".join(f"{k}={v}" for k, v in plan_env(req, plan).items())
     cmd = (f"{env} WORLD_SIZE={lay.world} RANK=0 python pretrain_gpt.py <model, data and "
