@@ -246,3 +246,27 @@ def test_thread_handoff_after_silence() -> None:
     assert host == [(0, 1), (0, 2), (1, 2)]
     path = critical_path(g, rank=0, step=0, start_ns=100_000, end_ns=5_030_000)
     assert [s.node for s in path if s.what == "op"] == [1, 2, 3]
+
+
+def test_unresolved_waits_of_current_pytorch_are_unknown_not_stream_minus_one() -> None:
+    """PyTorch 2.10+ writes wait_on_stream / wait_on_cuda_event_record_corr_id = -1 on every
+    cudaStreamWaitEvent row (fixtures/traces/gpu_ep2_alltoall_overlap, H200, torch 2.11): the
+    reader keeps them unknown, so the graph's timing fallback links the waits and the compute that
+    waited on the all-to-all counts as blocked by communication, not as exposed (issue #17)."""
+    import json as _json
+
+    from moetune.analyzer.diagnose import diagnose
+    from moetune.analyzer.readers import load_trace
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "gpu_ep2_alltoall_overlap"
+    tr = load_trace([folder])
+    raw = _json.loads(__import__("gzip").open(folder / "rank0.pt.trace.json.gz").read())
+    assert {e["args"].get("wait_on_stream") for e in raw["traceEvents"]
+            if e.get("name") == "Stream Wait Event"} == {-1}  # the cuda_sync rows
+    waits = tr.events.filter(pl.col("name") == "Stream Wait Event")
+    assert waits.height > 0
+    assert waits["wait_stream"].null_count() == waits.height
+    assert waits["wait_correlation"].null_count() == waits.height
+    doc = diagnose([folder])
+    assert doc["critical_path"]["graph"]["edges"]["event_wait"] > 0
+    assert doc["blocking"]["communication_blocking_s"] > 4 * doc["blocking"]["communication_exposed_s"]

@@ -1071,3 +1071,10 @@ def test_released_pages_read_back_from_the_file(tmp_path: Path, monkeypatch: pyt
     assert a.events.head(2999).equals(b.events.head(2999))  # every other byte read back intact
     assert b.events.get_column("name")[-1] == "k2999"
     assert b.warnings == ("fields with unexpected types ignored (lenient decode)",)
+
+
+def test_deeply_nested_json_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """100,000 levels of nesting overflow any recursive decoder: one line, exit 2 (issue #17)."""
+    deep = b'{"traceEvents": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}"
+    one_line_error(write(tmp_path, "deep.json", deep), "nested too deeply")
+    one_line_error(write(tmp_path, "deep.json.gz", deep, gz=True), "nested too deeply")

@@ -371,12 +371,15 @@ def _decode(data: bytes | mmap.mmap, path: Path) -> tuple[_Doc, list[str]]:
             raise UserError(f"is not valid JSON ({exc2})", path=path) from None
     try:
         obj = msgspec.json.decode(data)
+        if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
+            raise UserError("not a Kineto trace (no traceEvents list)", path=path)
+        doc = _sanitize(obj)
     except msgspec.DecodeError as exc:  # pragma: no cover - typed decode accepted the syntax
         raise UserError(f"is not valid JSON ({exc})", path=path) from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
-        raise UserError("not a Kineto trace (no traceEvents list)", path=path)
+    except RecursionError:  # a trace's events are flat: this is not one (and must not crash)
+        raise UserError("is not a Kineto trace (JSON nested too deeply)", path=path) from None
     warnings.append("fields with unexpected types ignored (lenient decode)")
-    return _sanitize(obj), warnings
+    return doc, warnings
 
 
 def _scalar(v: Any) -> Num:
@@ -910,8 +913,10 @@ def _events(timed: pl.LazyFrame, rank: int) -> pl.DataFrame:
         pl.when(on_gpu).then(pl.col("device").fill_null(pl.col("pid"))).alias("device"),
         pl.when(on_gpu).then(pl.col("stream").fill_null(pl.col("tid"))).alias("stream"),
         pl.when(pl.col("kind").is_in(["memcpy", "memset"])).then(pl.col("bytes")).alias("bytes"),
-        pl.col("wait_on_stream").alias("wait_stream"),
-        pl.col("wait_on_cuda_event_record_corr_id").alias("wait_correlation"),
+        # PyTorch 2.10+ writes -1 for a wait it could not resolve: unknown, not stream -1
+        pl.when(pl.col("wait_on_stream") >= 0).then(pl.col("wait_on_stream")).alias("wait_stream"),
+        pl.when(pl.col("wait_on_cuda_event_record_corr_id") >= 0)
+        .then(pl.col("wait_on_cuda_event_record_corr_id")).alias("wait_correlation"),
     ).collect()
     # "Memcpy DtoH (Device -> Pageable)": the direction is chars 7-10 (a slice, not a regex).
     copy = pl.col("name").str.slice(7, 4)
