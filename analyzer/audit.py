@@ -22,7 +22,7 @@ from typing import Any
 import jsonschema
 import polars as pl
 from moetune.analyzer.classify import KernelClasses, load_classes, match_expr, with_pg_role
-from moetune.analyzer.contract import MISSING, Contract, lookup
+from moetune.analyzer.contract import MISSING, Contract, lookup, thaw
 from moetune.analyzer.frames import GPU_KINDS, Trace
 from moetune.analyzer.intervals import END, START, intersect, total_ns, union
 
@@ -458,14 +458,6 @@ def _short(name: str, limit: int = 160) -> str:
 
 
 # --- the audit --------------------------------------------------------------------------------
-
-
-def thaw(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [thaw(v) for v in value]
-    return value
 
 
 def applicable(signatures: Signatures, claims: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str, dict]]:

@@ -319,6 +319,17 @@ def freeze(value: Any) -> Any:
     return value
 
 
+def thaw(value: Any) -> Any:
+    """Plain dicts and lists of a frozen document (`freeze`) or of a Contract."""
+    if isinstance(value, Contract):
+        value = value.raw
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
 def contract_from_doc(doc: Mapping[str, Any], *, source: str | None = None) -> Contract:
     """Validate (non-strict) and wrap; any error is a UserError naming the first bad field."""
     problems = check_contract(doc)

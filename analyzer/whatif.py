@@ -320,11 +320,17 @@ def _per_expert_ops(ep: Episode, experts: int, passes: int) -> np.ndarray:
     count = Counter(key for key, b in zip(keys, body, strict=True) if b)
     least = max(experts / 4, 2) * passes
     flags = np.array([bool(b) and count[key] >= least for key, b in zip(keys, body, strict=True)])
-    for i in np.nonzero(flags)[0]:
+    return _with_launches(ep, flags)
+
+
+def _with_launches(ep: Episode, flags: np.ndarray) -> np.ndarray:
+    """The flagged GPU ops and the host calls that launched them."""
+    out = flags.copy()
+    for i in np.nonzero(flags & ep.is_gpu)[0]:
         for p, k in ep.preds[i]:
             if k == "launch":
-                flags[p] = True
-    return flags
+                out[p] = True
+    return out
 
 
 def _expert_loop(ep: Episode, gemm: np.ndarray, experts: int) -> np.ndarray:
@@ -358,12 +364,7 @@ def _expert_loop(ep: Episode, gemm: np.ndarray, experts: int) -> np.ndarray:
                 run, n_gemm, since = [], 0, 0
     if run and n_gemm >= least:
         flags[run[:len(run) - since]] = True
-    # their launch calls
-    for i in np.nonzero(flags & ep.is_gpu)[0]:
-        for p, k in ep.preds[i]:
-            if k == "launch":
-                flags[p] = True
-    return flags
+    return _with_launches(ep, flags)
 
 
 def capture_launches(ep: Episode, params: Mapping[str, float], _ctx: Mapping[str, Any]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moetune.analyzer.contract import Contract, contract_from_doc, load_contract
+from moetune.analyzer.contract import Contract, contract_from_doc, load_contract, thaw
 from moetune.errors import UserError
 
 ContractInput = str | Path | Mapping[str, Any] | Contract | None
@@ -31,9 +31,7 @@ class Analysis:
     @property
     def contract_doc(self) -> dict[str, Any]:
         """The contract as plain data ({} without one), as the rules read it."""
-        from moetune.rules.engine import thaw
-
-        return thaw(self.contract.raw) if self.contract is not None else {}
+        return thaw(self.contract) if self.contract is not None else {}
 
     def advise(self, rules: Mapping[str, Any] | None = None, *, options: Any = None,
                ) -> Advice:
@@ -160,6 +158,4 @@ def analyze_trace(
 def _plain(con: Contract | None) -> dict[str, Any] | None:
     if con is None:
         return None
-    from moetune.rules.engine import thaw
-
-    return thaw(con.raw)
+    return thaw(con)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from moetune.analyzer.contract import thaw
 from moetune.rules.load import WINDOW, Catalog, Knob, Rule, load_catalog
 
 from moetune import __version__
@@ -546,18 +547,6 @@ def environment_reasons(catalog: Catalog) -> frozenset[str]:
                              for p in preds):
                 out.add(c.reason)
     return frozenset(out)
-
-
-def thaw(x: Any) -> Any:
-    """Plain dicts/lists from a Contract or frozen mapping."""
-    # analyzer.contract.Contract.raw is frozen (MappingProxyType, tuples): plain data here.
-    if hasattr(x, "raw") and not isinstance(x, Mapping):
-        x = x.raw
-    if isinstance(x, Mapping):
-        return {k: thaw(v) for k, v in x.items()}
-    if isinstance(x, tuple | list):
-        return [thaw(v) for v in x]
-    return x
 
 
 def _change_doc(rule: Rule, knob: Knob, current: Any) -> dict[str, Any]:

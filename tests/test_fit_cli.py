@@ -155,8 +155,7 @@ def test_plan_flags_are_the_command_line_the_executor_builds():
 
 def _tune_contract(gpu_memory_gb: float, **args) -> dict:
     """The H200 tune run's contract (no TE: local attention) on one GPU, with arguments set."""
-    from moetune.analyzer.contract import with_args
-    from moetune.analyzer.planner.predict import thaw
+    from moetune.analyzer.contract import thaw, with_args
 
     doc = thaw(read_contract(ROOT / "fixtures/traces/gpu_tune_mbs2_round1/golden/contract.yaml"))
     doc["hardware"] = {"gpu_memory_gb": gpu_memory_gb, "gpus_per_node": 1, "nodes": 1}

@@ -50,8 +50,10 @@ def test_untouched_replay_reproduces_the_measured_step(case: str) -> None:
     # MBS 1 → 2 and 2 → 4 at GBS 8
     ("host", "mbs1_seq_rcfull_a2a_eager", "micro_batch_x2", "mbs2_seq_rcfull_a2a_eager"),
     ("host", "mbs2_seq_rcfull_a2a_eager", "micro_batch_x2", "mbs4_seq_rcfull_a2a_eager"),
+    ("host", "mbs4_grp_rcfull_a2a_eager", "micro_batch_x2", "mbs8_grp_rcfull_a2a_eager"),
+    ("mem", "mbs2_seq_rcnone_a2a_eager", "micro_batch_x2", "mbs4_seq_rcnone_a2a_eager"),
     # full recompute off on the memory-heavy shape
-    ("mem", "mbs4_seq_rcfull_a2a_eager", "recompute_off", "mbs4_seq_rcnone_a2a_eager"),
+    ("mem", "mbs2_seq_rcfull_a2a_eager", "recompute_off", "mbs2_seq_rcnone_a2a_eager"),
 ])
 def test_prediction_range_holds_the_measured_gain(shape: str, start: str, transform: str,
                                                   to: str) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moetune.analyzer.contract import effective_args, with_args
+from moetune.analyzer.contract import effective_args, thaw, with_args
 from moetune.analyzer.planner.config import GIB, PlannerConfig, builtin
 from moetune.analyzer.planner.layouts import pipeline_split
 from moetune.analyzer.planner.memory import (
@@ -279,15 +279,6 @@ def layout_from_contract(doc: Mapping[str, Any], model: ModelSpec, *, world: int
     stages, how, text = split
     return Layout(tp=tp, cp=cp, dp=world // (tp * cp * pp), pp=pp, vpp=vpp, ep=ep, etp=etp,
                   edp=world // (ep * etp * pp), stages=stages, pp_layout=text, pp_split=how)
-
-
-def thaw(value: Any) -> Any:
-    """Plain dicts and lists of a (possibly frozen, `contract.freeze`) contract document."""
-    if isinstance(value, Mapping):
-        return {k: thaw(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [thaw(v) for v in value]
-    return value
 
 
 # --------------------------------------------------------------------------------------------

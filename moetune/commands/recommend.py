@@ -85,7 +85,8 @@ def validate_diagnosis(doc: dict[str, Any], path: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moetune.analysis import analyze
-    from moetune.rules.engine import Options, recommend, thaw
+    from moetune.analyzer.contract import thaw
+    from moetune.rules.engine import Options, recommend
     from moetune.rules.load import load_rules
 
     if args.top is not None and args.top < 1:
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         from moetune.analysis import read_contract
 
         con = read_contract(args.contract)
-        doc = recommend(rules, diagnosis, thaw(con.raw) if con else {}, audit, options=options)
+        doc = recommend(rules, diagnosis, thaw(con) if con else {}, audit, options=options)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     else:
