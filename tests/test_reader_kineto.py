@@ -392,7 +392,7 @@ def test_odd_values_are_coerced_not_fatal(tmp_path: Path) -> None:
     doc = {
         "traceEvents": [
             ev(name="ünïcødé ✓ 内核", ts="1000.5", dur="2"),  # string numbers (old writers)
-            ev(dur=-3),  # negative duration → 0
+            ev(dur=-3),  # negative duration → dropped
             ev(dur=8 * 24 * 3600 * 1e6),  # CUPTI overflow → dropped
             ev(
                 cat="kernel",
@@ -422,14 +422,14 @@ def test_odd_values_are_coerced_not_fatal(tmp_path: Path) -> None:
     t = read_kineto(write(tmp_path, "odd.json", doc), default_rank=0)
     e = t.events.sort("ts_ns")
     assert e.get_column("name").to_list() == [
-        "aten::mm",
         "k",
         "Record Window End",
         "ünïcødé ✓ 内核",
     ]
-    assert e.get_column("ts_ns").to_list() == [100_000, 200_000, 300_000, 1_000_500]
-    assert e.get_column("dur_ns").to_list() == [0, 1000, 0, 2000]
-    assert e.get_column("kind").to_list() == ["cpu_op", "kernel", "instant", "cpu_op"]
+    assert e.get_column("ts_ns").to_list() == [200_000, 300_000, 1_000_500]
+    assert e.get_column("dur_ns").to_list() == [1000, 0, 2000]
+    assert e.get_column("kind").to_list() == ["kernel", "instant", "cpu_op"]
+    assert "1 event(s) with a negative duration dropped" in t.warnings
     k = e.filter(pl.col("kind") == "kernel").row(0, named=True)
     assert (k["correlation"], k["external_id"], k["device"], k["stream"]) == (None, 9, 0, 7)
     assert any("7 days" in w for w in t.warnings)
@@ -727,7 +727,7 @@ CAT_KIND = {
         st.tuples(
             st.sampled_from(sorted(CAT_KIND)),
             st.integers(0, 5 * 10**15),  # ts in ns after the base (Kineto: up to ~2 months)
-            st.integers(-5_000, 10**7),  # dur in ns (negative → clamped)
+            st.integers(-5_000, 10**7),  # dur in ns (negative → dropped)
             st.integers(0, 2**40),  # correlation
             st.text(max_size=12),
         ),
@@ -757,10 +757,11 @@ def test_round_trip(tmp_path: Path, rows: list[tuple[str, int, int, int, str]], 
     path = tmp_path / "rt.json"
     path.write_text(json.dumps(doc))
     t = read_kineto(path, default_rank=0).events.sort("external_id")
+    rows = [r for r in rows if r[2] >= 0]  # negative durations are dropped
     assert t.get_column("kind").to_list() == [CAT_KIND[r[0]] for r in rows]
     assert t.get_column("name").to_list() == [r[4] for r in rows]
     assert t.get_column("ts_ns").to_list() == [base + r[1] for r in rows]
-    assert t.get_column("dur_ns").to_list() == [max(0, r[2]) for r in rows]
+    assert t.get_column("dur_ns").to_list() == [r[2] for r in rows]
     assert t.get_column("correlation").to_list() == [r[3] for r in rows]
     gpu = t.filter(pl.col("kind").is_in(["kernel", "memcpy", "memset", "gpu_annotation", "sync"]))
     assert set(gpu.get_column("device")) <= {3} and set(gpu.get_column("stream")) <= {5}
@@ -1078,3 +1079,28 @@ def test_deeply_nested_json_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     deep = b'{"traceEvents": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}"
     one_line_error(write(tmp_path, "deep.json", deep), "nested too deeply")
     one_line_error(write(tmp_path, "deep.json.gz", deep, gz=True), "nested too deeply")
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_negative_durations_are_dropped_and_counted(tmp_path: Path, compiled: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer's negative `dur` is no interval: dropped, with the count in one warning (it had
+    been clipped to 0 silently and moved the walls; issue #17)."""
+    import moetune.analyzer.readers.kineto as k
+
+    monkeypatch.setattr(k, "USE_COMPILED", compiled)
+    events = [ev(ts=100 + i * 10, dur=-3 if i < 3 else 5) for i in range(8)]
+    tr = read_kineto(write(tmp_path, "neg.json", {"traceEvents": events}), default_rank=0)
+    assert tr.events.height == 5 and (tr.events["dur_ns"] >= 0).all()
+    assert "3 event(s) with a negative duration dropped" in tr.warnings
+
+
+def test_nan_literals_are_read_as_unknown_not_a_parse_error(tmp_path: Path) -> None:
+    """Python's json.dump writes NaN; JSON has no such literal. The values read as unknown and
+    the warning counts them, instead of 'invalid character (byte N)'."""
+    text = json.dumps({"traceEvents": [ev(ts=100, dur=float("nan")), ev(ts=200, dur=5),
+                                       ev(ts=300, name="NaN handling", dur=float("inf"))]})
+    assert "NaN" in text and "Infinity" in text
+    tr = read_kineto(write(tmp_path, "nan.json", text), default_rank=0)
+    assert "2 NaN/Infinity value(s) read as unknown" in tr.warnings
+    assert "NaN handling" in tr.events["name"].to_list()  # a name that says NaN is untouched

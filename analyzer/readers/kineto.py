@@ -34,6 +34,7 @@ import ctypes
 import gzip
 import mmap
 import os
+import re
 import zlib
 from collections.abc import Callable
 from operator import attrgetter
@@ -61,6 +62,8 @@ Num = int | float | str | None
 # Split sizes and process-group ranks are strings in Kineto ("[0, 1]") but lists in some writers.
 StrOrList = str | list[Any] | None
 
+# a bare NaN / Infinity where a value belongs (not inside a string)
+_NAN_LITERAL = re.compile(rb"([:\[,]\s*)-?(?:NaN|Infinity)(?=\s*[,\]}])")
 MAX_DUR_NS = 7 * 24 * 3600 * 10**9  # HTA drops CUPTI-overflow durations above 7 days; so do we
 
 KIND_OF_CAT: dict[str, str] = {
@@ -279,15 +282,18 @@ def read_kineto(path: Path, *, default_rank: int, threads: int | None = None) ->
 
     is_timed = pl.col("ph_code").is_between(PH_TIMED, PH_INSTANT)
     absurd = (pl.col("dur_ns") > MAX_DUR_NS).fill_null(False)
-    keep = is_timed & pl.col("ts_ns").is_not_null() & ~absurd
-    no_ts, n_absurd, n_keep = raw.select(
+    negative = (pl.col("dur_ns") < 0).fill_null(False)  # a broken writer: no such interval
+    keep = is_timed & pl.col("ts_ns").is_not_null() & ~absurd & ~negative
+    no_ts, n_absurd, n_negative, n_keep = raw.select(
         no_ts=(is_timed & pl.col("ts_ns").is_null()).sum(), absurd=(is_timed & absurd).sum(),
-        keep=keep.sum(),
+        negative=(is_timed & negative).sum(), keep=keep.sum(),
     ).row(0)
     if no_ts:
         warnings.append(f"{no_ts} event(s) without a usable timestamp dropped")
     if n_absurd:
         warnings.append(f"{n_absurd} event(s) with duration > 7 days dropped (CUPTI overflow)")
+    if n_negative:
+        warnings.append(f"{n_negative} event(s) with a negative duration dropped")
     flows = _flows(side["flow"].with_columns(_ns(pl.col("ts"), base_ns).alias("ts_ns")), rank)
     # The scanner's rows are all timed: usually nothing to drop, and then no copy to make.
     timed = raw if n_keep == raw.height else raw.filter(keep)
@@ -359,6 +365,15 @@ def _decode(data: bytes | mmap.mmap, path: Path) -> tuple[_Doc, list[str]]:
     except msgspec.DecodeError as exc:
         if not bytes(data[:4096]).strip() and not bytes(data).strip():
             raise UserError("is empty", path=path) from None
+        fixed, n_nan = _NAN_LITERAL.subn(rb"\1null", bytes(data))
+        if n_nan:  # Python's json.dump writes NaN/Infinity, which JSON does not allow
+            warnings.append(f"{n_nan} NaN/Infinity value(s) read as unknown")
+            try:
+                doc, more = _decode(fixed, path)
+            except UserError as exc2:
+                raise UserError(f"is not valid JSON ({exc2.message.split('(', 1)[-1]}",
+                                path=path) from None
+            return doc, warnings + more
         if "UTF-8" not in str(exc):
             raise UserError(f"is not valid JSON ({exc})", path=path) from None
         data = bytes(data).decode("utf-8", errors="replace").encode("utf-8")
