@@ -25,9 +25,6 @@ from typing import Any
 
 from moetune.executor.workloads import megatron_log as mlog
 
-# NVLink multicast / NVLS break on the lent GPU machines; set before torch/NCCL initialise.
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1"}
 IMPL_MARK = "moetune workload: implementation ="
 
 
@@ -369,7 +366,6 @@ def sample_stream(args: argparse.Namespace, dp_rank: int, device, pool_size: int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.update(SAFE_ENV)
     args = parse(argv)
     impl = choose_impl(args)
     cuda = impl == "megatron" or (impl == "torch" and _cuda_ok())
