@@ -262,6 +262,18 @@ def _affine(dur: np.ndarray, fixed_ns: float, k: float) -> np.ndarray:
     return fixed / k + (dur - fixed)
 
 
+def _fold(ep: Episode, mask: np.ndarray, k: float, fixed_us: float) -> Edit:
+    """k repetitions of the masked work become one k× larger: host calls and the CPU time before
+    them ÷ k, each GPU op a k-th of a k× larger op."""
+    e = untouched(ep)
+    host = mask & ~ep.is_gpu
+    e.dur[host] /= k
+    e.gap[host] /= k
+    gpu = mask & ep.is_gpu
+    e.dur[gpu] = _affine(e.dur[gpu], fixed_us * _US, k)
+    return e
+
+
 def fold_micro_batches(ep: Episode, params: Mapping[str, float], ctx: Mapping[str, Any]
                        ) -> Edit | None:
     """Micro-batch × k at the same global batch: k× fewer micro-batches, each k× larger. Outside
@@ -270,14 +282,7 @@ def fold_micro_batches(ep: Episode, params: Mapping[str, float], ctx: Mapping[st
     k = float(ctx.get("factor") or params.get("factor") or 2)
     if k <= 1:
         return None
-    e = untouched(ep)
-    body = ~ep.opt
-    host = body & ~ep.is_gpu
-    e.dur[host] /= k
-    e.gap[host] /= k
-    gpu = body & ep.is_gpu
-    e.dur[gpu] = _affine(e.dur[gpu], params["fixed_us"] * _US, k)
-    return e
+    return _fold(ep, ~ep.opt, k, params["fixed_us"])
 
 
 def group_expert_gemms(ep: Episode, params: Mapping[str, float], ctx: Mapping[str, Any]
@@ -297,13 +302,7 @@ def group_expert_gemms(ep: Episode, params: Mapping[str, float], ctx: Mapping[st
     loop = _per_expert_ops(ep, experts, passes) if passes else _expert_loop(ep, gemm, experts)
     if not loop.any():
         return None
-    e = untouched(ep)
-    host = loop & ~ep.is_gpu
-    e.dur[host] /= experts
-    e.gap[host] /= experts
-    gpu = loop & ep.is_gpu
-    e.dur[gpu] = _affine(e.dur[gpu], params["fixed_us"] * _US, experts)
-    return e
+    return _fold(ep, loop, experts, params["fixed_us"])
 
 
 def _per_expert_ops(ep: Episode, experts: int, passes: int) -> np.ndarray:

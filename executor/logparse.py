@@ -304,6 +304,14 @@ def _frame(rows: list[dict[str, Any]], schema: pl.Schema) -> pl.DataFrame:
     return pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row")
 
 
+def median_step_s(iterations: pl.DataFrame, *, first: int, last: int | None = None
+                  ) -> float | None:
+    """Lower-median iteration time (s) of the steady window [first, last]; None without times."""
+    rows = steady(iterations, first=first, last=last)
+    times = sorted(x for x in rows.get_column("elapsed_ms").drop_nulls().to_list() if x > 0)
+    return times[(len(times) - 1) // 2] / 1e3 if times else None
+
+
 def steady(iterations: pl.DataFrame, *, first: int, last: int | None = None) -> pl.DataFrame:
     """Iteration lines inside a declared steady window [first, last] (one row per iteration:
     the last-rank line, which is the one Megatron prints)."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from moetune.executor.candidate import Change, Knob, Launch, apply, diff, parse_change
 from moetune.executor.launchers import RunSpec, get_launcher
 from moetune.executor.ledger import Ledger
-from moetune.executor.logparse import parse_file
+from moetune.executor.logparse import median_step_s, parse_file
 from moetune.executor.validate import (
     Policy,
     Window,
@@ -442,11 +442,7 @@ def _unprofiled_step_s(log_path: Path, profile_start: int) -> float | None:
         it = parse_file(log_path).iterations
     except (OSError, UserError):
         return None
-    if not it.height:
-        return None
-    rows = it.filter((it["iteration"] >= 2) & (it["iteration"] < profile_start))
-    times = sorted(x for x in rows.get_column("elapsed_ms").drop_nulls().to_list() if x > 0)
-    return times[(len(times) - 1) // 2] / 1e3 if times else None
+    return median_step_s(it, first=2, last=profile_start - 1) if it.height else None
 
 
 def _contract_from_log(path: Path) -> Any:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from moetune.analyzer.contract import thaw
+from moetune.analyzer.contract import effective_args, thaw
 from moetune.rules.load import WINDOW, Catalog, Knob, Rule, load_catalog
 
 from moetune import __version__
@@ -125,10 +125,6 @@ def facts(contract: Mapping[str, Any], catalog: Catalog) -> dict[str, Any]:
 
 def megatron_args(contract: Mapping[str, Any]) -> dict[str, Any]:
     """`megatron_args` plus the arguments contract sections mirror (analyzer/contract.py)."""
-    try:
-        from moetune.analyzer.contract import effective_args
-    except ImportError:  # analyzer absent: explicit arguments only
-        return dict(contract.get("megatron_args") or {})
     return effective_args(contract)
 
 
@@ -411,6 +407,7 @@ def recommend(
     blocked: list[dict[str, Any]] = []
     quiet: list[dict[str, Any]] = []
     prerequisites: list[dict[str, Any]] = []
+    env_only = environment_reasons(catalog)
     for rule in rules.values():
         assert_single_change(rule, catalog)
         spec = rule.spec
@@ -445,7 +442,7 @@ def recommend(
                            "contract's megatron_args do not state it")
         reasons += illegal
         equivalent, eq_note = equivalence(rule, catalog)
-        if reasons and set(reasons) <= environment_reasons(catalog):
+        if reasons and set(reasons) <= env_only:
             # only the environment stands in the way: say what to install and what it unlocks
             gain = predict_gain(rule, diagnosis)
             prerequisites.append({**head, "change": _change_doc(rule, knob, current),

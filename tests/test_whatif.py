@@ -114,3 +114,24 @@ def test_the_grid_oom_point_is_predicted_not_to_fit() -> None:
                                                        "recompute_num_layers": None})
     want = points["mbs2_seq_rcnone_a2a_eager"]["max_alloc_gib"] * 1024 ** 3
     assert off.fits is True and abs(off.peak_bytes - want) <= 0.15 * want
+
+
+def test_recommend_log_sets_the_reference_step(tmp_path: Path) -> None:
+    """`recommend --log` starts the estimates from the log's median iteration (lower median of
+    the last two thirds); a file without iteration lines is one line, exit 2."""
+    import subprocess
+    import sys
+
+    from moetune.commands.recommend import log_step_s
+
+    folder = TRACES / "grid_mem_mbs4_seq_rcfull_a2a_eager"
+    step = log_step_s(str(folder / "train.log"))
+    assert step == pytest.approx(1.5477)
+    doc = analyze(folder / "trace.json.gz", reference_step_s=step).diagnosis
+    assert doc["whatif"]["reference_step_s"] == step
+    bad = tmp_path / "notes.log"
+    bad.write_text("no iterations here\n")
+    p = subprocess.run([sys.executable, "-m", "moetune", "recommend",
+                        str(TRACES / "gpu_gemm_bf16" / "trace.json.gz"), "--log", str(bad)],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 2 and p.stderr.strip() == f"moetune: {bad}: no iteration times in the log"

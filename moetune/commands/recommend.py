@@ -121,16 +121,15 @@ def log_step_s(path: str | None) -> float | None:
     """Median iteration time (s) of a Megatron log, skipping the first iterations (warm-up)."""
     if not path:
         return None
-    from moetune.executor.logparse import parse_file
+    from moetune.executor.logparse import median_step_s, parse_file
 
-    parsed = parse_file(path)
-    times = [x for x in parsed.iterations.get_column("elapsed_ms").drop_nulls().to_list() if x > 0] \
-        if parsed.iterations.height else []
-    steady = times[len(times) // 3:] if len(times) >= 3 else times
-    if not steady:
+    its = parse_file(path).iterations
+    numbers = sorted(its.get_column("iteration").drop_nulls().unique().to_list()) \
+        if its.height else []
+    step = median_step_s(its, first=numbers[len(numbers) // 3]) if numbers else None
+    if step is None:
         raise UserError("no iteration times in the log", path=path)
-    steady.sort()
-    return steady[(len(steady) - 1) // 2] / 1e3
+    return step
 
 
 def _audit_doc(path: Path) -> Any:
