@@ -370,17 +370,26 @@ def capture_launches(ep: Episode, params: Mapping[str, float], _ctx: Mapping[str
                      ) -> Edit | None:
     """CUDA graphs: outside the optimizer, ops replay from a graph: no launch waits, their launch
     calls go, and only `host_kept` of the CPU time between calls remains (the Python of the
-    captured layers does not run on replay; the rest of the step still does)."""
+    captured layers does not run on replay; the rest of the step still does). A scoped capture
+    (`captured` < 1, e.g. only the MoE router and token preprocess) graphs that share of the
+    launches, spread evenly over the step: a trace names no modules, and the scopes recur in
+    every layer and pass."""
     body = ~ep.opt
+    share = float(params.get("captured", 1.0))
+    gpu = np.nonzero(body & ep.is_gpu)[0]
+    if share < 1.0:
+        gpu = gpu[np.argsort(ep.ts[gpu], kind="stable")]
+        j = np.arange(len(gpu))
+        gpu = gpu[np.floor((j + 1) * share) > np.floor(j * share)]
     launched = np.zeros(len(ep.ids), dtype=bool)
-    for i in np.nonzero(body & ep.is_gpu)[0]:
+    for i in gpu:
         for p, k in ep.preds[i]:
             if k == "launch":
                 launched[p] = True
     if not launched.any():
         return None
     e = untouched(ep)
-    e.no_launch[body & ep.is_gpu] = True
+    e.no_launch[gpu] = True
     e.dur[launched] = 0.0
     e.gap[launched] = params["host_kept"]
     return e

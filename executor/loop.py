@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 TRAIN_ITERS = Knob("train_iters", type="int", flag="--train-iters")
 LOG_INTERVAL = Knob("log_interval", type="int", flag="--log-interval")
 TAIL_CHARS = 4000
+# A screen pair whose iterations do not overlap and whose gain is at least this large decides
+# alone (sequential testing: the remaining repeats would not change the verdict).
+EARLY_GAIN = 0.2
 
 # How to ask for a torch-profiler trace, by what the command runs ({dir}, {start}, {end}).
 PROFILE_ARGS = {
@@ -162,6 +165,7 @@ def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, 
     swin = Window.tail(pol.screen_iters)
     a_ms: list[float | None] = []
     b_ms: list[float | None] = []
+    separated: float | None = None
     for rep in range(pol.repeats):
         ra = runner.run(f"{prefix}:screen-base:{label}:{rep}", role="baseline", label="baseline",
                         launch=_harness(base, pol.screen_iters), iters=pol.screen_iters,
@@ -178,7 +182,14 @@ def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, 
                     "noise": None, "screen": stats, "failed_run": rb["log_path"]}
         a_ms.append(ma["step_ms"])
         b_ms.append(mb["step_ms"])
+        separated = _separated(ma, mb) if rep == 0 and pol.repeats > 1 else None
+        if separated is not None:
+            break
     stats = screen_stats(a_ms, b_ms)
+    if len(a_ms) == 1 and separated is not None:
+        # one pair decided it: the noise band is the runs' own iteration spread
+        stats = {**stats, "noise": separated, "early": "every candidate iteration faster than "
+                 f"every baseline iteration and a gain ≥ {EARLY_GAIN:.0%}: one screen pair"}
     first = decide(screen=stats, confirm_base=None, confirm_cand=None, audit=None, policy=pol) \
         if not _screen_ok(stats, pol) else None
     if first is not None:
@@ -201,8 +212,25 @@ def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, 
     if contract is None and cc.get("log_path"):  # the candidate's own argument dump claims it
         contract = _contract_from_log(Path(cc["log_path"]))
     audit = audit_change(traces, knob, value, contract) if not _metrics(cc).get("cause") else None
-    return decide(screen=stats, confirm_base=_metrics(cb), confirm_cand=_metrics(cc),
-                  audit=audit, policy=pol)
+    res = decide(screen=stats, confirm_base=_metrics(cb), confirm_cand=_metrics(cc),
+                 audit=audit, policy=pol)
+    if traces:  # an accepted candidate's profile serves as the next round's
+        res["profile"] = {"traces": traces, "log_path": cc.get("log_path"),
+                          "step_s": (_metrics(cc).get("step_ms") or 0) / 1e3 or None}
+    return res
+
+
+def _separated(ma: Mapping[str, Any], mb: Mapping[str, Any]) -> float | None:
+    """The iteration spread of the two runs when one screen pair already decides (every
+    candidate iteration faster than every baseline iteration, by at least EARLY_GAIN at the
+    medians): a large win needs no more repeats, the confirm pair still measures it again."""
+    a = [x for x in ma.get("step_ms_all") or [] if x]
+    b = [x for x in mb.get("step_ms_all") or [] if x]
+    if len(a) < 3 or len(b) < 3 or not ma.get("step_ms") or not mb.get("step_ms"):
+        return None
+    if max(b) >= min(a) or ma["step_ms"] / mb["step_ms"] - 1 < EARLY_GAIN:
+        return None
+    return max((max(a) - min(a)) / ma["step_ms"], (max(b) - min(b)) / mb["step_ms"])
 
 
 def _screen_ok(stats: Mapping[str, Any], pol: Policy) -> bool:
@@ -321,8 +349,9 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
             recs: list[Recommendation] = []
             con = _round_contract(contract, accepted)
             if profile_tpl and recommender is not None:
+                reuse = (accepted[-1].get("evidence") or {}).get("profile") if accepted else None
                 recs = _profile_and_recommend(runner, rnd, base, profile_tpl, con,
-                                              contract_path, recommender)
+                                              contract_path, recommender, reuse=reuse)
             cal = session_calibration(led.decisions(sid))
             pending = [c for c in candidate_changes(recs, opts.tries, cal)
                        if c["label"] not in decided and apply_all(base, c["changes"]) != base]
@@ -403,26 +432,36 @@ def apply_all(launch: Launch, changes: Sequence[Change]) -> Launch:
 
 
 def _profile_and_recommend(runner: Runner, rnd: int, base: Launch, tpl: str, contract: Any,
-                           contract_path: Path | None, recommender: Recommender
-                           ) -> list[Recommendation]:
-    pol = runner.opts.policy
-    iters = pol.screen_iters
-    trace_dir = runner.opts.workdir / runner.session / f"r{rnd}-profile-trace"
-    start, end = max(iters // 2, 1), iters
-    launch = _with_args(_harness(base, iters), tpl.format(dir=trace_dir, start=start, end=end))
-    rec = runner.run(f"r{rnd}:profile:baseline:0", role="profile", label="baseline",
-                     launch=launch, iters=iters, window=Window.tail(iters))
-    if rec.get("cause"):
-        raise UserError(f"the baseline profile run failed ({rec['cause']}): see {rec['log_path']}")
-    traces = sorted(str(p) for p in trace_dir.glob("*.json*")) if trace_dir.is_dir() else []
-    if not traces:
-        log(f"profile run wrote no trace under {trace_dir}")
-        return []
-    if contract is None:  # no contract given: the run's own argument dump says what it claims
-        contract = _contract_from_log(Path(rec["log_path"]))
+                           contract_path: Path | None, recommender: Recommender,
+                           reuse: Mapping[str, Any] | None = None) -> list[Recommendation]:
+    """Profile the baseline and ask the recommender. `reuse`: the accepted candidate's confirm
+    run (this round's baseline command, profiled before its measured window), whose trace and
+    unprofiled step time serve instead of a new profile run."""
+    traces = [t for t in (reuse or {}).get("traces") or [] if Path(t).is_file()]
+    if traces and reuse:
+        log_path, ref_s = reuse.get("log_path"), reuse.get("step_s")
+        log(f"round {rnd}: the accepted candidate's confirm trace is this round's profile")
+    else:
+        pol = runner.opts.policy
+        iters = pol.screen_iters
+        trace_dir = runner.opts.workdir / runner.session / f"r{rnd}-profile-trace"
+        start, end = max(iters // 2, 1), iters
+        launch = _with_args(_harness(base, iters), tpl.format(dir=trace_dir, start=start, end=end))
+        rec = runner.run(f"r{rnd}:profile:baseline:0", role="profile", label="baseline",
+                         launch=launch, iters=iters, window=Window.tail(iters))
+        if rec.get("cause"):
+            raise UserError(f"the baseline profile run failed ({rec['cause']}): "
+                            f"see {rec['log_path']}")
+        traces = sorted(str(p) for p in trace_dir.glob("*.json*")) if trace_dir.is_dir() else []
+        if not traces:
+            log(f"profile run wrote no trace under {trace_dir}")
+            return []
+        log_path = rec["log_path"]
+        ref_s = _unprofiled_step_s(Path(log_path), start)
+    if contract is None and log_path:  # no contract given: the run's own argument dump claims
+        contract = _contract_from_log(Path(log_path))
     try:
-        recs = recommender(traces, contract, contract_path,
-                           reference_step_s=_unprofiled_step_s(Path(rec["log_path"]), start))
+        recs = recommender(traces, contract, contract_path, reference_step_s=ref_s)
     except UserError as exc:
         if runner.opts.tries:
             log(f"the profile cannot be diagnosed ({exc.message}); trying --try candidates only")

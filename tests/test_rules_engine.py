@@ -180,7 +180,8 @@ def test_unknown_contract_section_gives_caveat_not_block() -> None:
 def test_te_not_installed_blocks_te_only_changes_on_a_real_h200_run() -> None:
     """The H200 host-bound Megatron-Core trace with the contract its own log gives (Megatron-Core
     warned that TE is missing): TE graphs / fusions / grouped GEMM are blocked, not proposed with a
-    caveat; the larger micro-batch, which needs nothing installed, is what remains."""
+    caveat; what needs nothing installed remains: the larger micro-batch and Megatron-Core's own
+    (local) CUDA graphs."""
     from moetune.analyzer.diagnose import diagnose
     from moetune.analyzer.megatron_args import contract_from_log
 
@@ -188,7 +189,9 @@ def test_te_not_installed_blocks_te_only_changes_on_a_real_h200_run() -> None:
     trace = ROOT / "fixtures" / "traces" / "gpu_mcore_hostbound" / "trace.json.gz"
     diagnosis = diagnose([str(trace)], contract=contract)
     doc = recommend(RULES, diagnosis, contract)
-    assert [r["change"]["knob"] for r in doc["recommendations"]] == ["micro_batch_size"]
+    assert [r["change"]["knob"] for r in doc["recommendations"]] == ["micro_batch_size",
+                                                                     "cuda_graph_impl"]
+    assert doc["recommendations"][1]["change"]["to"] == "local"
     # only the missing package stands in the way: prerequisites, with the gain they unlock
     needs = {b["rule"]: b["needs"] for b in doc["prerequisites"]}
     for rid in ("host.cuda-graphs", "host.permute-fusion", "host.router-fusion"):
@@ -198,7 +201,9 @@ def test_te_not_installed_blocks_te_only_changes_on_a_real_h200_run() -> None:
     # unknown (no versions section) stays a caveat, as before
     del contract["versions"]
     doc = recommend(RULES, diagnosis, contract)
-    assert "cuda_graph_impl" in [r["change"]["knob"] for r in doc["recommendations"]]
+    graphs = [r for r in doc["recommendations"] if r["change"]["knob"] == "cuda_graph_impl"]
+    assert [(r["rule"], r["change"]["to"]) for r in graphs] == [
+        ("host.cuda-graphs", "transformer_engine")]  # local only when TE is known to be absent
 
 
 def test_tune_round_one_on_the_h200_doubles_the_micro_batch_again() -> None:
@@ -215,7 +220,8 @@ def test_tune_round_one_on_the_h200_doubles_the_micro_batch_again() -> None:
     assert diagnosis["dominant_wall"] == "host"
     doc = recommend(RULES, diagnosis, contract, options=Options(show_quiet=True))
     assert [(r["change"]["knob"], r["change"]["from"], r["change"]["to"])
-            for r in doc["recommendations"]] == [("micro_batch_size", 2, 4)]
+            for r in doc["recommendations"]] == [("micro_batch_size", 2, 4),
+                                                 ("cuda_graph_impl", "none", "local")]
     # the same 2 -> 4 step measured +79.6 % on the H200 (docs/executor.md): the replayed
     # estimate's range holds it, and its midpoint is within 25 % of it
     speedup = doc["recommendations"][0]["gain"]["speedup"]
@@ -397,8 +403,9 @@ def test_cli_recommend_on_real_trace(corpus: Path, tmp_path: Path) -> None:
 def test_recommend_on_real_megatron_hostbound_trace(tmp_path: Path) -> None:
     """fixtures/traces/gpu_mcore_hostbound: a real H200 Megatron-Core run, launch-bound (~183 ms
     steps, ~6 ms of kernels), no Transformer Engine, --moe-grouped-gemm claimed but SequentialMLP
-    built. The TE-only fixes must be blocked for that reason, and its global batch of 1 leaves no
-    room for a larger micro-batch (MBS 2 would break GBS % (MBS × DP) == 0): nothing is legal."""
+    built. The TE-only fixes must be prerequisites for that reason, its global batch of 1 leaves no
+    room for a larger micro-batch (MBS 2 would break GBS % (MBS × DP) == 0), and Megatron-Core's
+    own (local) CUDA graphs of the MoE router are what is left to do."""
     trace = ROOT / "fixtures" / "traces" / "gpu_mcore_hostbound" / "trace.json.gz"
     contract = yaml.safe_load((ROOT / "fixtures" / "contracts" / "mcore_h200_hostbound.yaml").read_text())
     contract.pop("window")  # that contract's steady window (7:10) is not in this short trace
@@ -410,12 +417,15 @@ def test_recommend_on_real_megatron_hostbound_trace(tmp_path: Path) -> None:
     VALIDATOR.validate(doc)
     assert doc["diagnosis"]["dominant_wall"] == "host"
     assert doc["diagnosis"]["step_time_s"] == pytest.approx(0.1831, abs=2e-3)
-    assert doc["recommendations"] == []
+    assert [(r["rule"], r["change"]["to"], r["change"]["with"]) for r in doc["recommendations"]
+            ] == [("host.cuda-graphs-local", "local",
+                   {"cuda_graph_modules": ["moe_router", "moe_preprocess"]})]
+    assert doc["recommendations"][0]["gain"]["recoverable_from"] == "whatif.cuda_graphs_moe_scopes"
     needs = {b["rule"]: " ".join(b["needs"]) for b in doc["prerequisites"]}
     assert "Transformer Engine" in needs["host.cuda-graphs"]
     assert "Transformer Engine" in needs["compute.grouped-gemm-ignored"]
-    assert doc["prerequisites"][0]["gain"]["speedup"]["mid"] > 0.5  # what installing TE unlocks
-    assert "prerequisites" in doc["none_because"]
+    # what installing TE unlocks: the same scopes, the same replayed estimate
+    assert doc["prerequisites"][0]["gain"]["speedup"] == doc["recommendations"][0]["gain"]["speedup"]
 
 
 def test_cli_saved_audit_drives_rules(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

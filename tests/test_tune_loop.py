@@ -49,7 +49,8 @@ def test_tune_accepts_a_win_and_rejects_a_crash(tmp_path: Path) -> None:
     win, crash = by["micro_batch_size=16"], by["moe_bogus_knob=1"]
     assert win["verdict"] == "accepted" and win["measured_gain"] > win["noise"] > 0
     ev = win["evidence"]
-    assert len(ev["screen"]["a_ms"]) == len(ev["screen"]["b_ms"]) == 3  # A B A B A B
+    pairs = len(ev["screen"]["a_ms"])
+    assert len(ev["screen"]["b_ms"]) == pairs == (1 if ev["screen"].get("early") else 3)
     assert ev["loss_rel_diff"] < 1e-3  # same samples per global batch: same loss
     assert ev["confirm"]["window"] == "5-8"
     assert crash["verdict"] == "rejected" and crash["cause"] == "usage"
@@ -59,7 +60,9 @@ def test_tune_accepts_a_win_and_rejects_a_crash(tmp_path: Path) -> None:
         rows = c.execute("SELECT key, status, cause, log_tail FROM runs ORDER BY id").fetchall()
     keys = [k for k, *_ in rows]
     assert keys[0] == "r0:profile:baseline:0"
-    assert [k.split(":")[1] for k in keys[1:7]] == ["screen-base", "screen"] * 3  # alternating
+    assert [k.split(":")[1] for k in keys[1:1 + 2 * pairs]] == ["screen-base", "screen"] * pairs
+    # round 1 profiles nothing: the accepted candidate's confirm trace is its profile
+    assert "r1:profile:baseline:0" not in keys
     failed = [row for row in rows if row[1] == "failed"]
     assert len(failed) == 1 and failed[0][2] == "usage"
     assert "unrecognized arguments: --moe-bogus-knob 1" in failed[0][3]  # log tail kept
@@ -106,7 +109,9 @@ def test_tune_killed_mid_run_resumes_without_redoing(tmp_path: Path) -> None:
     assert len(interrupted) == 1  # the run in flight is kept, marked, and redone once
     redo = [row for row in rows if row[1] == interrupted[0][1] and row[2] == "done"]
     assert len(redo) == 1 and redo[0][3] == 2
-    assert len({row[1] for row in rows}) == 8  # 6 screens + 2 confirms, each done exactly once
+    pairs = len(res["decisions"][0]["evidence"]["screen"]["a_ms"])
+    # the screens (3 pairs, or 1 when it decides alone) + 2 confirms, each done exactly once
+    assert len({row[1] for row in rows}) == 2 * pairs + 2
     assert res["decisions"][0]["verdict"] == "accepted"
 
 
@@ -169,6 +174,21 @@ def test_calibration_reorders_and_non_fitting_changes_go_last() -> None:
                                            "memory.recompute-off"]
     assert cands[1]["predicted_gain"] == pytest.approx(1.69 * 0.25)
     assert cands[2]["memory"]["fits"] is False
+
+
+def test_one_screen_pair_decides_only_a_clear_win() -> None:
+    from moetune.executor.loop import _separated
+
+    a = {"step_ms": 100.0, "step_ms_all": [98.0, 100.0, 103.0, 100.0]}
+    clear = {"step_ms": 50.0, "step_ms_all": [49.0, 50.0, 52.0, 50.0]}
+    assert _separated(a, clear) == pytest.approx(0.06)  # the runs' own spread is the noise band
+    overlap = {"step_ms": 60.0, "step_ms_all": [55.0, 60.0, 99.0, 60.0]}
+    small = {"step_ms": 90.0, "step_ms_all": [89.0, 90.0, 91.0, 90.0]}
+    slower = {"step_ms": 150.0, "step_ms_all": [149.0, 150.0, 151.0, 150.0]}
+    assert _separated(a, overlap) is None   # one candidate iteration as slow as the baseline's
+    assert _separated(a, small) is None     # separated, but +11 %: the repeats decide
+    assert _separated(a, slower) is None    # losses are never decided early
+    assert _separated(a, {"step_ms": 50.0, "step_ms_all": [50.0]}) is None  # too few iterations
 
 
 def test_tune_that_cannot_diagnose_says_so(tmp_path: Path) -> None:
