@@ -21,15 +21,16 @@ say() { echo "== $*" | tee -a "$S"; }
 T0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$S"
 
-# `moetune tune --cmd "$BASE"` with the protocol both scripts use (TRIES first, then the rules;
-# BUDGET candidates; TUNE_CAP seconds, after which a re-run with KEEP_W=1 resumes), then its records
+# `moetune tune --cmd "$BASE"` with the protocol the scripts use (TRIES first, then the rules;
+# BUDGET candidates; confirm runs of CONFIRM_ITERS iterations, window WINDOW (50, 41-50);
+# TUNE_CAP seconds, after which a re-run with KEEP_W=1 resumes), then its records
 # under $OUT with file-name prefix $1: ledger, run logs, run traces. More tune arguments follow $1.
 tune_and_collect() {
   local pre=$1 tries="" t; shift
   for t in ${TRIES-}; do tries="$tries --try $t"; done
   say "tune start at +$(( $(date +%s) - T0 ))s: $BASE"
   timeout ${TUNE_CAP:-420} python3 -m moetune tune --cmd "$BASE" --budget ${BUDGET:-4} $tries "$@" \
-    --confirm-iters 50 --window 41-50 --repeats 3 --timeout 150 \
+    --confirm-iters ${CONFIRM_ITERS:-50} --window ${WINDOW:-41-50} --repeats 3 --timeout 150 \
     --ledger "$W/ledger.sqlite" --workdir "$W/runs" --json > "$W/tune.json" 2> "$W/tune.err"
   say "tune rc=$? at +$(( $(date +%s) - T0 ))s (124 = stopped by the time cap; rerunning resumes)"
   tail -n 40 "$W/tune.err" | tee -a "$S"
