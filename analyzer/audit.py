@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -22,11 +22,11 @@ from typing import Any
 import jsonschema
 import polars as pl
 from moetune.analyzer.classify import KernelClasses, load_classes, match_expr, with_pg_role
-from moetune.analyzer.contract import MISSING, Contract, lookup, thaw
+from moetune.analyzer.contract import MISSING, Contract, known_megatron_args, lookup, thaw
 from moetune.analyzer.frames import GPU_KINDS, Trace
 from moetune.analyzer.intervals import END, START, intersect, total_ns, union
 
-from moetune import __version__, conditions
+from moetune import __version__, conditions, knobs
 from moetune.errors import UserError
 from moetune.resources import data, schema
 from moetune.yamlio import line_of, read_yaml
@@ -571,8 +571,7 @@ class AuditRun:
                 "reason": reason,
             }
         counts = {v: sum(1 for x in verdicts.values() if x["verdict"] == v) for v in VERDICTS}
-        tested = self.signatures.keys()
-        unaudited = sorted(a for a in claims if a in tested and a not in verdicts and claims[a] is not None)
+        unaudited = unaudited_claims(claims, verdicts.values(), self.signatures.keys())
         return {
             "schema": SCHEMA_ID,
             "tool": {"name": "moetune", "version": __version__},
@@ -584,6 +583,26 @@ class AuditRun:
             "summary": {**counts, "passed": counts["contradicted"] == 0, "unaudited": unaudited},
             "warnings": sorted(set(warnings)),
         }
+
+
+def unaudited_claims(claims: Mapping[str, Any], verdicts: Iterable[Mapping[str, Any]],
+                     tested: set[str]) -> list[str]:
+    """Claimed arguments no verdict covers, by name: settings of the knob catalog, arguments a
+    signature tests with a value it cannot judge, and names moetune does not know (a misspelt claim
+    must not pass unseen). Model shape arguments (`num_layers`) describe the run and are left out;
+    an underscore flag spelling read as its argument (`fp8_format` beside `fp8`) is that argument."""
+    covered = {a for v in verdicts for a in v["claimed"]}
+    cat, known = knobs.load(), known_megatron_args()
+    out = []
+    for a, value in claims.items():
+        if value is None or a in covered:
+            continue
+        name = knobs.spelling_of(a, cat)[0]
+        if name != a and name in claims:
+            continue
+        if a in tested or a in cat.knobs or a not in known:
+            out.append(a)
+    return sorted(out)
 
 
 def _inputs(trace: Trace, files: Sequence[Path]) -> list[dict[str, Any]]:

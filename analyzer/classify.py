@@ -2,14 +2,14 @@
 
 The rules live in `analyzer/kernel_classes.yaml` (validated by schemas/kernel_classes.schema.json);
 this module only turns them into polars expressions. Traces hold thousands of distinct names but
-millions of events, so rules run on the unique (kind, name, copy_kind, size bucket) keys and the
-result is joined back.
+millions of events, so rules run on the unique (kind, name, copy_kind, copy_mem, size bucket) keys
+and the result is joined back.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ class KernelClasses:
     steps: dict[str, Any]
     source: str
     process_groups: tuple[dict[str, Any], ...] = ()
+    forward_ops: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def size_thresholds(self) -> list[int]:
@@ -86,6 +87,7 @@ def _load(path: str) -> KernelClasses:
         steps=doc.get("steps") or {},
         source=Path(path).name,
         process_groups=tuple(doc.get("process_groups") or ()),
+        forward_ops=rec.get("forward_ops", {}),
     )
 
 
@@ -138,6 +140,8 @@ def _gpu_rule_expr(rule: dict[str, Any]) -> pl.Expr:
     cond = pl.col("kind").is_in(rule.get("kinds", ["kernel"]))
     if "copy_kinds" in rule:
         cond = cond & pl.col("copy_kind").cast(pl.String).is_in(rule["copy_kinds"])
+    if "copy_mems" in rule:
+        cond = cond & pl.col("copy_mem").cast(pl.String).is_in(rule["copy_mems"]).fill_null(False)
     if "min_bytes" in rule:
         cond = cond & (pl.col("_size_bucket") >= int(rule["min_bytes"]))
     return cond & match_expr(rule["match"])
@@ -153,7 +157,8 @@ def _size_bucket(thresholds: list[int]) -> pl.Expr:
 
 
 def classify_keys(keys: pl.DataFrame, classes: KernelClasses) -> pl.DataFrame:
-    """Classify unique keys (kind, name, copy_kind, _size_bucket) → kclass, wall, rclass, blocking.
+    """Classify unique keys (kind, name, copy_kind, copy_mem, sync_kind, _size_bucket) → kclass,
+    wall, rclass, blocking.
 
     The first rule that fits wins. Its index comes from one flat `coalesce` per rule list, and the
     rule's outputs are gathered by that index: nested when/then chains (one per output column) cost
@@ -196,14 +201,16 @@ def classify(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> p
     """
     require(events, ("kind", "name", "copy_kind", "bytes", "sync_kind"), what="events")
     cl = classes or load_classes()
-    key_cols = ["kind", "name", "copy_kind", "sync_kind", "_size_bucket"]
+    key_cols = ["kind", "name", "copy_kind", "copy_mem", "sync_kind", "_size_bucket"]
+    # frames made before copies had a memory kind: unknown, never a failure
+    mem = pl.col("copy_mem") if "copy_mem" in events.columns else pl.lit(None, EVENTS_SCHEMA["copy_mem"])
     # Only GPU, runtime and sync rows have classes (cpu ops, annotations … get nulls): the rest,
     # most rows of a trace, are not hashed. Names as categorical codes: `unique` and the join
     # hash integers, not strings; the rules still see the strings.
     ruled = pl.col("kind").is_in(RULED_KINDS)
     at = events.select(ruled.arg_true()).to_series()
     ev = events.lazy().filter(ruled).select(
-        "kind", pl.col("name").cast(pl.Categorical), "copy_kind", "sync_kind",
+        "kind", pl.col("name").cast(pl.Categorical), "copy_kind", mem.alias("copy_mem"), "sync_kind",
         _size_bucket(cl.size_thresholds).alias("_size_bucket"),
     ).collect()
     classified = classify_keys(ev.unique().with_columns(pl.col("name").cast(pl.String)), cl)

@@ -143,6 +143,20 @@ def lookup(doc: Mapping[str, Any], path: str) -> Any:
     return node
 
 
+def field_value(doc: Mapping[str, Any], path: str) -> Any:
+    """A section field (`shape.global_batch_size`), else the `megatron_args` value of the argument
+    it mirrors (`x-megatron-arg`): a contract of only `megatron_args` still states it; MISSING
+    when neither is there."""
+    value = lookup(doc, path)
+    if value is not MISSING:
+        return value
+    margs = doc.get("megatron_args")
+    arg = dict(arg_mirrors()).get(path)
+    if arg is not None and isinstance(margs, Mapping) and arg in margs:
+        return margs[arg]
+    return MISSING
+
+
 def effective_args(doc: Mapping[str, Any]) -> dict[str, Any]:
     """`megatron_args` plus the arguments that section fields mirror (explicit args win)."""
     margs = doc.get("megatron_args")
@@ -215,14 +229,39 @@ def check_contract(doc: Any, *, strict: bool = False) -> list[Problem]:
     margs = doc.get("megatron_args")
     if isinstance(margs, Mapping):
         known = known_megatron_args()
+        spelled = _spelling_problems(margs)
+        problems += spelled
         problems += [
             Problem(f"megatron_args.{k}", "not a Megatron-LM argument moetune knows (kept as is)", "warning")
             for k in margs
-            if k not in known
+            if k not in known and knobs.spelling_of(k)[0] not in known | set(knobs.load().knobs)
         ]
         problems += _deprecated_problems(margs)
     unique = {(p.severity, p.path, p.message): p for p in problems}
     return sorted(unique.values(), key=lambda p: (p.severity != "error", p.path, p.message))
+
+
+def _spelling_problems(margs: Mapping[str, Any]) -> list[Problem]:
+    """Flag spellings (`fp8_format`, `--fp8-format` for `fp8`): read as the argument, with a
+    warning; an error when the value is not one the argument takes, or when the contract also
+    gives the argument a different value (which one was run is then unknown)."""
+    cat = knobs.load()
+    out = []
+    for k, value in margs.items():
+        name, negated = knobs.spelling_of(k, cat)
+        if name == k:
+            continue
+        at = f"megatron_args.{k}"
+        if name in cat.knobs and (msg := knobs.value_problem(cat.knobs[name], value)):
+            out.append(Problem(at, f"flag spelling of {name}: {msg}"))
+            continue
+        read = (not value) if negated and isinstance(value, bool) else value
+        if name in margs and margs[name] != read:
+            out.append(Problem(at, f"{_json(value)} disagrees with megatron_args.{name} = "
+                                   f"{_json(margs[name])}"))
+        elif name in cat.knobs or "-" in k:
+            out.append(Problem(at, f"flag spelling; read as {name} = {_json(read)}", "warning"))
+    return out
 
 
 def _deprecated_problems(margs: Mapping[str, Any]) -> list[Problem]:
@@ -230,7 +269,7 @@ def _deprecated_problems(margs: Mapping[str, Any]) -> list[Problem]:
     deprecated = knobs.load().deprecated
     out = []
     for k, value in margs.items():
-        old = deprecated.get(k)
+        old = deprecated.get(knobs.spelling_of(k)[0])
         if old is None:
             continue
         if old.renamed_to:
@@ -290,25 +329,53 @@ def _mirror_problems(doc: Mapping[str, Any]) -> list[Problem]:
 # --- loading ----------------------------------------------------------------------------------
 
 
+# A contract is a few sections of scalars and short lists: anything far deeper or larger is not one,
+# and must be refused before the schema, freeze() or json.dumps walk it (recursion, alias bombs).
+MAX_DEPTH = 32
+MAX_VALUES = 100_000
+
+
 def read_document(path: str | Path) -> Any:
     """Parse a JSON or YAML file (YAML is a superset; JSON errors read better for .json)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError("no such file", path=p) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read: {exc}", path=p) from None
     try:
-        if p.suffix.lower() == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
+        doc = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"invalid JSON at line {exc.lineno}: {exc.msg}", path=p) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise UserError(f"invalid YAML{where}: {getattr(exc, 'problem', exc)}", path=p) from None
+    except RecursionError:  # the parsers recurse per nesting level
+        raise UserError(f"nested more than {MAX_DEPTH} levels deep: not a contract",
+                        path=p) from None
+    _check_shape(doc, p)
+    return doc
+
+
+def _check_shape(doc: Any, path: Path) -> None:
+    """Refuse documents nested deeper than MAX_DEPTH or holding more than MAX_VALUES values
+    (YAML aliases can make a few lines expand to billions); an iterative walk with a budget."""
+    stack: list[tuple[Any, int]] = [(doc, 0)]
+    seen = 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise UserError(f"holds more than {MAX_VALUES:,} values (YAML aliases?): not a "
+                            "contract", path=path)
+        if depth > MAX_DEPTH:
+            raise UserError(f"nested more than {MAX_DEPTH} levels deep: not a contract", path=path)
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
 
 
 def freeze(value: Any) -> Any:

@@ -21,7 +21,14 @@ the timeline) into segments, so segment lengths sum exactly to the step time T:
 | step tail after the last op (host preparing the next step) | host |
 
 Recoverable bound R(wall) = path time of that wall in a step; ceiling = T/(T−R)−1 (null when
-R = T). Reported for each rank's median step (by T; lower median; the rule of
+R = T). For host, R counts only host path time while the rank's GPU was idle: where the CPU's
+chain set the step length beside running GPU work (a host-paced path on a busy GPU: the CPU
+issues work barely slower than the GPU runs it), a faster host alone leaves the GPU's queued
+work to run, so that time is not recoverable by it (`host_gpu_busy_s`). `paced_by` says which
+chain set the step: `host` when host segments are over half the path, else `device`. The walls
+(analyzer/walls.py) say where the GPU's time went, and the rules read them; the path says what
+set the step's length, and the what-if replay (analyzer/whatif.py) runs on its graph.
+Reported for each rank's median step (by T; lower median; the rule of
 analyzer/walls.median_step), averaged over ranks like the rest of the document.
 
 Communication per step splits into three disjoint parts (all clipped to the window):
@@ -258,6 +265,24 @@ def _comm_split(graph: TimelineGraph, win: pl.DataFrame, paths: dict[tuple[int, 
     return out
 
 
+def _host_while_gpu_busy(graph: TimelineGraph, win: pl.DataFrame,
+                         paths: dict[tuple[int, int], list[Segment]]) -> dict[tuple[int, int], int]:
+    """Per (rank, step): host path time during which the rank's GPU was running an op. The CPU
+    chain set the step's length there, but the GPU was busy too: a faster host alone cannot
+    recover that time, the GPU would still have its queued work to run."""
+    by = ["rank", "step"]
+    w = win.rename({"win_start_ns": "lo", "win_end_ns": "hi"})
+    ops = graph.nodes.filter(pl.col("is_gpu")).select(
+        "rank", pl.col("ts_ns").alias(iv.START), pl.col("end_ns").alias(iv.END))
+    gpu = iv.clip(ops, w, on=["rank"], window_cols=["step"], start="lo", end="hi")
+    host = pl.DataFrame(
+        [(s.rank, s.step, s.start_ns, s.end_ns) for p in paths.values() for s in p if s.wall == "host"],
+        schema={"rank": pl.Int64, "step": pl.Int64, iv.START: pl.Int64, iv.END: pl.Int64},
+        orient="row",
+    ).with_columns(pl.col("rank").cast(gpu.schema["rank"]), pl.col("step").cast(gpu.schema["step"]))
+    return {(r, st): n for r, st, n in iv.total(iv.intersect(host, gpu, by=by), by=by).iter_rows()}
+
+
 def analyze(
     trace: Trace,
     steps: pl.DataFrame | None = None,
@@ -282,8 +307,10 @@ def analyze(
             paths[(rank, step)] = critical_path(graph, rank=rank, step=step, start_ns=lo,
                                                 end_ns=hi, view=views[rank])
     comm = _comm_split(graph, win, paths)
+    busy = _host_while_gpu_busy(graph, win, paths)
     return [{"rank": rank, "step": step, "start_ns": lo, "end_ns": hi, "path": paths[(rank, step)],
-             "walls": _walls_of(paths[(rank, step)]), "comm": comm[(rank, step)]}
+             "walls": _walls_of(paths[(rank, step)]), "comm": comm[(rank, step)],
+             "host_gpu_busy": busy.get((rank, step), 0)}
             for rank, step, lo, hi in win.iter_rows()]
 
 
@@ -307,6 +334,9 @@ def critical_path_section(
     meds = _median_steps(res)
     t = _mean([r["end_ns"] - r["start_ns"] for r in meds])
     walls = {w: _mean([r["walls"][w] for r in meds]) for w in (*WALLS, "other")}
+    host_busy = _mean([r["host_gpu_busy"] for r in meds])
+    # R(host): host path time with the GPU idle; the rest overlapped GPU work that stays
+    recoverable = walls | {"host": walls["host"] - host_busy}
     comm = {k: _mean([r["comm"][k] for r in meds]) for k in meds[0]["comm"]}
     # nsmallest(k, xs, key) == sorted(xs, key)[:k], without sorting every segment of every step
     order = lambda s: (s.start_ns - s.end_ns, s.rank, s.step, s.start_ns)  # noqa: E731
@@ -316,9 +346,12 @@ def critical_path_section(
     cp = {
         "length_s": _s(t),
         "median_step": [{"rank": r["rank"], "step": r["step"]} for r in meds],
-        "recoverable_s": {w: _s(walls[w]) for w in WALLS},
-        "gain_ceiling": {w: _gain(t, walls[w]) for w in WALLS},
+        "recoverable_s": {w: _s(recoverable[w]) for w in WALLS},
+        "gain_ceiling": {w: _gain(t, recoverable[w]) for w in WALLS},
         "other_s": _s(walls["other"]),
+        "path_s": {w: _s(walls[w]) for w in (*WALLS, "other")},
+        "host_gpu_busy_s": _s(host_busy),
+        "paced_by": "host" if walls["host"] * 2 > t else "device",
         "segments": [_seg_doc(s, names) for s in segs],
         "per_step": [
             {"rank": r["rank"], "step": r["step"], "length_s": _s(r["end_ns"] - r["start_ns"]),
@@ -384,16 +417,20 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
     if not cp:
         return []
     t = cp["length_s"]
+    on_path = cp.get("path_s", cp["recoverable_s"])
     parts = []
     for w in WALLS:
-        r, gmax = cp["recoverable_s"][w], cp["gain_ceiling"][w]
-        if r > 0:
+        p, r, gmax = on_path[w], cp["recoverable_s"][w], cp["gain_ceiling"][w]
+        if p > 0:
             ceiling = _ceiling_text(gmax)
-            parts.append(f"{w} {r * 1e3:.2f} ms (ceiling {ceiling})")
+            idle = f", {r * 1e3:.2f} ms of it with the GPU idle" if w == "host" and r < p else ""
+            parts.append(f"{w} {p * 1e3:.2f} ms{idle} (ceiling {ceiling})")
     ms = cp["median_step"]
     where = (f"step {ms[0]['step']}, rank {ms[0]['rank']}" if len(ms) == 1
              else f"median step of {len(ms)} ranks")
-    lines = [f"critical path {t * 1e3:.2f} ms ({where}): " + ", ".join(parts)]
+    pace = {"host": ", host-paced", "device": ", GPU-paced"}.get(cp.get("paced_by"), "")
+    lines = [f"critical path {t * 1e3:.2f} ms ({where}){pace}: " + ", ".join(parts)]
+    lines += _views_lines(cp, section.get("dominant_wall"))
     if bl and (bl["communication_busy_s"] > 0):
         lines.append(
             f"communication: blocking {bl['communication_blocking_s'] * 1e3:.2f} ms, exposed "
@@ -412,6 +449,26 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
     if unl:
         lines.append("  not linked: " + ", ".join(f"{k} {v}" for k, v in sorted(unl.items())))
     return lines
+
+
+def _views_lines(cp: dict, dominant: str | None) -> list[str]:
+    """What the path view means beside the walls, when they could be read as disagreeing: a
+    host-paced path on a GPU-busy step, or a GPU-paced one where the host wall dominates."""
+    pace = cp.get("paced_by")
+    if pace is None or dominant is None or (pace == "host") == (dominant == "host"):
+        return []
+    if pace == "host":
+        busy = cp.get("host_gpu_busy_s", 0.0)
+        meaning = ("  host-paced: the CPU issues work slower than the GPU runs it, so the CPU's "
+                   "chain of calls set the step's length")
+        if busy > 0:
+            meaning += (f"; for {busy * 1e3:.2f} ms of it the GPU was running work queued earlier "
+                        "(not recoverable by a faster host alone)")
+    else:
+        meaning = ("  GPU-paced: GPU work and its dependencies set the step's length; the host "
+                   "wall is GPU idle time off that chain")
+    return [meaning, "  the walls say where the GPU's time went (the rules read them); the path "
+                     "says what set the step's length (the what-if estimates replay its graph)"]
 
 
 def _ceiling_text(gain: float | None) -> str:
@@ -437,7 +494,7 @@ def diagnosis_section(trace: Trace, steps: Any, ctx: Any) -> dict[str, dict]:
     if out and sampled:
         out["critical_path"]["graph"]["sampled"] = sampled
     if tr.events.get_column("rank").n_unique() > 1:
-        out |= ranks_section(tr, table)
+        out |= ranks_section(tr, table, getattr(steps, "skipped", ()))
     return out
 
 

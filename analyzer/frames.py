@@ -20,6 +20,7 @@ events: one row per timed event (CPU and GPU), all ranks.
 | external_id     | Int64       | Kineto `External id` (cpu_op ↔ launch ↔ GPU), else null |
 | bytes           | Int64       | memcpy / memset size |
 | copy_kind       | Enum COPY_KINDS | memcpy direction (HtoD, DtoH, DtoD, PtoP, HtoH, other) |
+| copy_mem        | Enum COPY_MEMS | memcpy memory kind, see `copy_mem` (pageable, pinned, managed, device); null when unknown |
 | graph_id        | Int64       | CUDA graph id (Kineto `graph id`, nsys graphId / GRAPH_TRACE graphId) |
 | graph_node_id   | Int64       | CUDA graph node id (non-null and non-zero only for graph-replayed work) |
 | sync_kind       | Enum SYNC_KINDS | for kind == "sync": what waited |
@@ -67,6 +68,7 @@ ranks: one row per rank (whitelisted metadata only; never the capturing host's e
 | clock_offset_ns | Int64 | add to ts_ns to put this rank on a shared clock (0 when unknown) |
 | graph_trace_mode | String | nsys `graph` / `node`; Kineto `node` (kernels always listed) |
 | device_memory_bytes | Int64 | total memory of the rank's GPU (Kineto `totalGlobalMem`, nsys `TARGET_INFO_GPU.totalMemory`) |
+| rank_from | String | where the rank number came from: `distributedInfo` (Kineto), `nccl` (nsys `ncclCommInitRank`), or `file_order` (none in the file: numbered in the order given) |
 
 memory: caching-allocator events (Kineto `[memory]` instants, written with `profile_memory=True`),
 one row per allocation or free; empty when the profile has none (nsys exports: not read).
@@ -107,6 +109,18 @@ KIND = pl.Enum(list(KINDS))
 COPY_KINDS: tuple[str, ...] = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP", "other")
 COPY_KIND = pl.Enum(list(COPY_KINDS))
 
+# The memory a copy moves through: the host end's kind (pageable, managed, pinned) when one end is
+# host memory, `device` when both ends are on a GPU. Pageable copies are staged by the driver
+# through a pinned buffer and block the host, so they are told apart from pinned ones.
+COPY_MEMS: tuple[str, ...] = ("pageable", "pinned", "managed", "device")
+COPY_MEM = pl.Enum(list(COPY_MEMS))
+# CUDA's endpoint labels (CUPTI memory kinds as Kineto names them, "Memcpy DtoH (Device ->
+# Pageable)", and nsys ENUM_CUDA_MEM_KIND labels) → COPY_MEMS; any other label is unknown.
+MEM_OF_LABEL: dict[str, str] = {
+    "pageable": "pageable", "pinned": "pinned", "managed": "managed", "managed static": "managed",
+    "device": "device", "device static": "device", "array": "device",
+}
+
 SYNC_KINDS: tuple[str, ...] = (
     "stream_sync",
     "event_sync",
@@ -133,6 +147,7 @@ EVENTS_SCHEMA = pl.Schema(
         "external_id": pl.Int64,
         "bytes": pl.Int64,
         "copy_kind": COPY_KIND,
+        "copy_mem": COPY_MEM,
         "graph_id": pl.Int64,
         "graph_node_id": pl.Int64,
         "sync_kind": SYNC_KIND,
@@ -188,6 +203,7 @@ RANKS_SCHEMA = pl.Schema(
         "clock_offset_ns": pl.Int64,
         "graph_trace_mode": pl.String,
         "device_memory_bytes": pl.Int64,
+        "rank_from": pl.String,
     }
 )
 
@@ -202,6 +218,33 @@ MEMORY_SCHEMA = pl.Schema(
         "reserved": pl.Int64,
     }
 )
+
+
+def copy_mem(src: pl.Expr, dst: pl.Expr) -> pl.Expr:
+    """`copy_mem` of copies whose endpoint labels (String, CUDA's spelling: "Pageable", "Device
+    Static", …) are `src` and `dst`: the host end decides, the slowest first (pageable, then
+    managed, then pinned); `device` when both ends are device memory; null when an end is unknown."""
+    def mem(label: pl.Expr) -> pl.Expr:
+        return label.str.to_lowercase().str.strip_chars().replace_strict(
+            MEM_OF_LABEL, default=None, return_dtype=pl.String)
+
+    s, d = mem(src), mem(dst)
+    either = lambda k: (s == k) | (d == k)  # noqa: E731
+    out = pl.when(s.is_null() | d.is_null()).then(pl.lit(None, dtype=pl.String))
+    for k in ("pageable", "managed", "pinned"):
+        out = out.when(either(k)).then(pl.lit(k))
+    return out.otherwise(pl.lit("device")).cast(COPY_MEM)
+
+
+# Kineto names a copy by its direction and endpoints: "Memcpy DtoH (Device -> Pageable)"
+COPY_ENDS_IN_NAME = r"\((?P<src>[A-Za-z ]+) -> (?P<dst>[A-Za-z ]+)\)$"
+
+
+def copy_mem_of_name(name: pl.Expr) -> pl.Expr:
+    """`copy_mem` of copies named the Kineto way (the nsys reader writes the same names); null
+    for a name without endpoints."""
+    ends = name.str.extract_groups(COPY_ENDS_IN_NAME)
+    return copy_mem(ends.struct.field("src"), ends.struct.field("dst"))
 
 
 def empty(schema: pl.Schema) -> pl.DataFrame:

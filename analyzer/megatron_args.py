@@ -6,22 +6,29 @@ Megatron prints, on rank 0, `using world size: …` and then its arguments betwe
 `_print_args`). Real logs wrap that in launcher prefixes (`[default0]: `, `[host:3]: `, `3: `),
 interleave other ranks' lines, cut lines short and elide parts; the parser keeps what it can read.
 Megatron-Bridge prints no such dump (it has a "Configuration Summary" instead).
+
+`read_log` takes every source a log holds, in this precedence (a value a stronger source states is
+never replaced): the argument dump (or, without its header, argument lines in the dump's exact
+format), Megatron's other start-up lines (`using world size`, `using torch.bfloat16 for
+parameters`, `padded vocab (… new size: N)`), the launcher's command line, echoed flag variables,
+and last values the caller observed (iteration lines) for what nothing stated.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from moetune.analyzer.contract import SCHEMA_ID, arg_mirrors, benchmark_only_reasons, check_contract
+from moetune.analyzer.megatron_flags import command_line_args, echoed_args
+from moetune.analyzer.megatron_text import parse_value, strip_prefix
 
 from moetune.knobs import normalize_args
 
-# Launcher prefixes, possibly stacked: torchrun `[default7]: `, srun -l `[lrdn3321:3]: ` or `3: `,
-# torch's `[rank0]:`. Stripped before anything else.
-_PREFIX = re.compile(r"^(?:\s*\[[\w.:@/-]+\]: ?|\s*\d+: )+")
+__all__ = ["parse_value", "strip_prefix"]  # the dump's readers, re-exported for its callers
+
 _HEADER = re.compile(r"-{3,}\s*arguments\s*-{3,}")
 _FOOTER = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
 # `  name ....... value` (name < 48 chars) or `  name  value` (48+ chars, no dots).
@@ -31,50 +38,19 @@ _WORLD = re.compile(
     r"using world size: (?P<world_size>\d+), data-parallel size: (?P<dp>\d+)"
     r"(?:, context-parallel size: (?P<cp>\d+))?"
     r"(?:, hierarchical context-parallel sizes: (?P<hcp>.*?),?\s*(?=tensor-model-parallel))?"
-    r"(?:, )?tensor-model-parallel size: (?P<tp>\d+)"
+    r",? ?tensor-model-parallel size: (?P<tp>\d+)"  # mid-2024 releases print no comma before it
     r"(?:, encoder-tensor-model-parallel size: \d+)?"
     r", pipeline-model-parallel size: (?P<pp>\d+)"
 )
 # Megatron-Core warns at import when Transformer Engine is missing (optimizer, DDP, clip_grads):
 # the log's own evidence that TE-only knobs cannot work in that run.
 _NO_TE = re.compile(r"Transformer Engine (?:and Apex )?(?:is|are) not installed")
+_PARAMS_DTYPE = re.compile(r"using (torch\.\w+) for parameters")
+_PADDED_VOCAB = re.compile(r"padded vocab \(size: (\d+)\) with \d+ dummy tokens \(new size: (\d+)\)")
+_DTYPE_WORD = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.half": "fp16",
+               "torch.float32": "fp32", "torch.float": "fp32"}
 # the bundled workload names the grouped-GEMM backend its environment offers without TE
 _GROUPED_BACKEND = re.compile(r"grouped GEMM backend = (\S+)|experts=TorchGroupedMLP\((\S+?)\)")
-_INT = re.compile(r"^[+-]?\d+$")
-_FLOAT = re.compile(r"^[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?$|^[+-]?(?:inf|nan)$")
-_ENUM = re.compile(r"^[A-Z][A-Za-z0-9]*\.([A-Za-z_][A-Za-z0-9_]*)$")  # AttnBackend.auto -> auto
-
-def strip_prefix(line: str) -> tuple[str, str]:
-    """(launcher prefix, rest of the line)."""
-    m = _PREFIX.match(line)
-    if not m:
-        return "", line
-    return m.group(0).strip(), line[m.end() :]
-
-
-def parse_value(text: str) -> Any:
-    """`str()` of a Python attribute back to a value: None, bools, ints, floats, lists, enums."""
-    s = text.strip()
-    if s in ("None", ""):
-        return None if s == "None" else ""
-    if s in ("True", "False"):
-        return s == "True"
-    if _INT.match(s):
-        return int(s)
-    if _FLOAT.match(s):
-        return float(s)
-    if s[0] in "[({" and s[-1] in "])}":
-        try:
-            value = ast.literal_eval(s)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return s
-        return list(value) if isinstance(value, tuple) else value
-    m = _ENUM.match(s)
-    if m and not s.startswith("torch."):
-        return m.group(1)
-    return s
-
-
 def parse_args_dump(text: str) -> dict[str, object]:
     """Arguments from the `arguments` block(s) of a Megatron log, typed, names as printed.
 
@@ -112,6 +88,42 @@ def parse_args_dump(text: str) -> dict[str, object]:
     return args
 
 
+def has_args_header(text: str) -> bool:
+    """Whether the log holds an argument dump's header (`---- arguments ----`)."""
+    return any(_HEADER.search(strip_prefix(line)[1]) and not _FOOTER.search(line)
+               for line in text.splitlines() if "arguments" in line)
+
+
+def parse_arg_lines(text: str) -> dict[str, object]:
+    """Argument lines in `_print_args`' exact format (dots to column 48) found anywhere: what is
+    left of a dump whose header was cut away (an excerpt pasted into notes, say). Names of 48+
+    characters (no dots) are too plain to tell from other output and are skipped."""
+    args: dict[str, object] = {}
+    for line in text.splitlines():
+        m = _ARG.match(strip_prefix(line.rstrip("\r\n"))[1])
+        if m and m.group(2) is not None and len(m.group(2)) == NAME_WIDTH - len(m.group(1)):
+            args[m.group(1)] = parse_value(m.group(3) or "")
+    return args
+
+
+def parse_startup(text: str) -> dict[str, object]:
+    """Arguments Megatron's other start-up lines state: the parallel sizes of `using world size`,
+    `params_dtype` (`using torch.bfloat16 for parameters ...`) and `padded_vocab_size` (`padded
+    vocab (size: …) with … dummy tokens (new size: N)`); the last of each wins."""
+    out: dict[str, object] = {}
+    for short, arg in (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"),
+                       ("cp", "context_parallel_size"), ("dp", "data_parallel_size"),
+                       ("world_size", "world_size")):
+        if (v := parse_world_size(text).get(short)) is not None:
+            out[arg] = v
+    for line in text.splitlines():
+        if m := _PARAMS_DTYPE.search(line):
+            out["params_dtype"] = m.group(1)
+        elif m := _PADDED_VOCAB.search(line):
+            out["padded_vocab_size"] = int(m.group(2))
+    return out
+
+
 def parse_world_size(text: str) -> dict[str, int]:
     """Parallel sizes from the last `using world size: …` line (world_size, dp, cp, tp, pp)."""
     found: dict[str, int] = {}
@@ -131,9 +143,15 @@ def _as_modules(value: Any) -> list[str]:
     return list(value)
 
 
-def contract_from_args(args: Mapping[str, Any], *, world: Mapping[str, int] | None = None) -> dict:
+def contract_from_args(args: Mapping[str, Any], *, world: Mapping[str, int] | None = None,
+                       complete: bool = True) -> dict:
     """A contract document from Megatron arguments (normalized here): `megatron_args` plus every
-    section field the schema mirrors (`x-megatron-arg`), precision, routing, shape and the label."""
+    section field the schema mirrors (`x-megatron-arg`), precision, routing, shape and the label.
+
+    `complete`: the arguments are all the run had (a whole dump, a whole command line), so an
+    absent one is at Megatron's default: `precision.params` fp32 without bf16/fp16, the label
+    training-equivalent unless a field forces benchmark-only. Otherwise (fragments) what is absent
+    is unknown: no fp32 guessed, no training-equivalent label."""
     margs, _ = normalize_args(args)
     world = dict(world or {})
     for short, arg in (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"),
@@ -155,9 +173,12 @@ def contract_from_args(args: Mapping[str, Any], *, world: Mapping[str, int] | No
             value = _as_modules(value)
         doc.setdefault(section, {})[field] = value
     precision = doc.setdefault("precision", {})
-    precision["params"] = "bf16" if margs.get("bf16") else "fp16" if margs.get("fp16") else "fp32"
+    if params := _params_precision(margs, complete=complete):
+        precision["params"] = params
     if not precision.get("fp8_format"):
         precision.pop("fp8_recipe", None)  # the recipe default is printed even without FP8
+    if not precision:
+        doc.pop("precision")
     if "moe_expert_capacity_factor" in margs:
         doc.setdefault("routing", {})["dropless"] = margs["moe_expert_capacity_factor"] is None
     if "variable_seq_lengths" in margs and "shape" in doc:
@@ -169,10 +190,27 @@ def contract_from_args(args: Mapping[str, Any], *, world: Mapping[str, int] | No
         par["vpp"] = margs["num_virtual_stages_per_pipeline_rank"]
     _drop_invalid(doc)
     doc["megatron_args"] = dict(sorted(margs.items()))
-    doc["label"] = "benchmark-only" if benchmark_only_reasons(doc) else "training-equivalent"
+    if benchmark_only_reasons(doc):
+        doc["label"] = "benchmark-only"
+    elif complete:
+        doc["label"] = "training-equivalent"
     order = ["schema", "label", "model", "data", "routing", "precision", "shape", "parallelism",
              "cuda_graphs", "training", "megatron_args"]
     return {k: doc[k] for k in order if k in doc}
+
+
+def _params_precision(margs: Mapping[str, Any], *, complete: bool) -> str | None:
+    """bf16 | fp16 | fp32 from the switches, else `params_dtype`; fp32 from silence only when
+    the arguments are complete; None: unknown."""
+    if margs.get("bf16") is True:
+        return "bf16"
+    if margs.get("fp16") is True:
+        return "fp16"
+    if (word := _DTYPE_WORD.get(str(margs.get("params_dtype")))) is not None:
+        return word
+    if complete or (margs.get("bf16") is False and margs.get("fp16") is False):
+        return "fp32"
+    return None
 
 
 def _drop_invalid(doc: dict[str, Any]) -> None:
@@ -189,13 +227,53 @@ def _drop_invalid(doc: dict[str, Any]) -> None:
                 doc.pop(section)
 
 
-def contract_from_log(text: str) -> dict:
-    """`contract_from_args` over a whole log: args dump + `using world size` line."""
-    args = parse_args_dump(text)
-    world = parse_world_size(text)
-    if not args and not world:
-        return {}
-    doc = contract_from_args(args, world=world)
+DUMP = "argument dump"
+ARG_LINES = "argument lines"
+STARTUP = "start-up lines"
+COMMAND_LINE = "command line"
+ECHOED = "echoed flags"
+SOURCES = (DUMP, ARG_LINES, STARTUP, COMMAND_LINE, ECHOED)  # precedence, strongest first
+
+
+@dataclass(frozen=True, slots=True)
+class LogContract:
+    """A contract read from a log, with where each argument came from."""
+
+    contract: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)   # argument -> the source that stated it
+    conflicts: list[dict[str, Any]] = field(default_factory=list)  # weaker sources overruled
+    unread_flags: tuple[str, ...] = ()   # command-line flags next to an unexpanded variable
+    complete: bool = False               # a whole dump or command line: absent = default
+
+
+def read_log(text: str, *, observed: Mapping[str, Any] | None = None,
+             observed_source: str = "iteration lines") -> LogContract:
+    """Every source of arguments in a log, merged by precedence (`SOURCES`, then `observed`: values
+    the caller read elsewhere in the log, e.g. the iteration lines' global batch size, filling only
+    what nothing stated). An empty contract when the log states nothing."""
+    header = has_args_header(text)
+    cmd = command_line_args(text)
+    layers: list[tuple[str, Mapping[str, Any]]] = [
+        (DUMP, parse_args_dump(text)) if header else (ARG_LINES, parse_arg_lines(text)),
+        (STARTUP, parse_startup(text)),
+        (COMMAND_LINE, cmd.args if cmd else {}),
+        (ECHOED, echoed_args(text)),
+        (observed_source, dict(observed or {})),
+    ]
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    conflicts: list[dict[str, Any]] = []
+    for name, args in layers:
+        for arg, value in args.items():
+            if arg not in merged:
+                merged[arg], sources[arg] = value, name
+            elif _differs(merged[arg], value):
+                conflicts.append({"arg": arg, "kept": {"source": sources[arg], "value": merged[arg]},
+                                  "overruled": {"source": name, "value": value}})
+    if not any(args for name, args in layers if name != observed_source):
+        return LogContract({})
+    complete = header or bool(cmd and cmd.complete)
+    doc = contract_from_args(merged, complete=complete)
     versions: dict[str, Any] = {}
     if _NO_TE.search(text):  # null = not installed: knob preconditions block TE-only changes
         versions["transformer_engine"] = None
@@ -205,4 +283,20 @@ def contract_from_log(text: str) -> dict:
         margs = doc.pop("megatron_args")
         doc["versions"] = versions
         doc["megatron_args"] = margs
-    return doc
+    return LogContract(doc, dict(sorted(sources.items())), conflicts,
+                       cmd.unread if cmd else (), complete)
+
+
+def _differs(a: Any, b: Any) -> bool:
+    """Two sources' values for one argument disagree (`['aux_loss']` printed, `aux_loss` given)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is not b
+    a, b = (x[0] if isinstance(x, list | tuple) and len(x) == 1 else x for x in (a, b))
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return list(a) != list(b)
+    return a != b
+
+
+def contract_from_log(text: str) -> dict:
+    """The contract `read_log` finds in a whole log ({} when it states nothing)."""
+    return read_log(text).contract

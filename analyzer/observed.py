@@ -14,6 +14,7 @@ import polars as pl
 from moetune.analyzer.classify import KernelClasses, with_pg_role
 from moetune.analyzer.frames import GPU_KINDS, require
 from moetune.analyzer.intervals import END, START, clip, locate, sweep, total, union
+from moetune.analyzer.walls import OFFLOAD_CLASSES, offload_round_trips
 
 NS = 1e-9
 
@@ -131,6 +132,7 @@ class Facts:
     observed: dict[str, Any]
     evidence: dict[str, Any]
     offload_ns: int  # offload copies in flight, clipped to the step windows
+    pageable_ns: int = 0  # large copies through pageable host memory in flight, likewise
 
 
 def gpu_facts(
@@ -153,13 +155,12 @@ def gpu_facts(
     fp8 = gpu.filter(pl.col("kclass") == "compute.gemm.fp8")
     grouped, gg_ev = grouped_gemm(gpu, main_stream=main_stream)
     backend, d_ev = dispatcher_backend(gpu, events, comms, comm, hint=dispatcher_hint)
-    off = gpu.filter(pl.col("kclass") == "memory.offload")
-    # Activation/optimizer offload moves data both ways; one-way pinned HtoD is input or weight
-    # loading, not offload.
-    both = off.group_by("rank").agg(pl.col("copy_kind").n_unique().alias("_k")).filter(pl.col("_k") >= 2)
-    one_way = off.join(both, on="rank", how="anti").height
-    off = off.join(both.select("rank"), on="rank", how="semi")
+    large = gpu.filter(pl.col("kclass").is_in(OFFLOAD_CLASSES))
+    off = offload_round_trips(gpu)
+    one_way = large.height - off.height
     off_ns = _in_flight_ns(off, steps) if off.height else 0
+    pageable = large.filter(pl.col("kclass") == "memory.pageable")
+    pageable_ns = _in_flight_ns(pageable, steps) if pageable.height else 0
     observed = {
         "cuda_graph_replay": graphs,
         "fp8_gemm": fp8.height > 0,
@@ -171,16 +172,21 @@ def gpu_facts(
         "fp8_gemm": _stat(fp8),
         "grouped_gemm": gg_ev,
         "dispatcher": d_ev,
-        "offload": {**_stat(off), "in_flight_s": round(off_ns * NS, 9), "one_way_large_copies": one_way},
+        "offload": {**_stat(off), "in_flight_s": round(off_ns * NS, 9), "one_way_large_copies": one_way,
+                    "pageable": _stat(off.filter(pl.col("kclass") == "memory.pageable"))},
+        "pageable_copies": {**_stat(pageable), "in_flight_s": round(pageable_ns * NS, 9)},
+        "copies": copy_table(gpu),
         "main_stream": {str(r): s for r, s in sorted(main_stream.items())},
         "comm_groups": comm_groups(comm),
     }
-    return Facts(observed, evidence, off_ns)
+    return Facts(observed, evidence, off_ns, pageable_ns)
 
 
-def observe(facts: Facts, per_step: pl.DataFrame) -> tuple[dict[str, Any], dict[str, Any]]:
+def observe(facts: Facts, per_step: pl.DataFrame, *, recompute: Mapping[str, int] | None = None
+            ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(observed, evidence) for the analyzed steps: the backend facts (`gpu_facts`) plus the
-    recompute and offload shares of the walls (`per_step`: walls.attribute_walls output)."""
+    recompute and offload shares of the walls (`per_step`: walls.attribute_walls output);
+    `recompute`, the host-op counts behind the recompute share (walls.recompute_evidence)."""
     rc_ns = int(per_step.get_column("recompute_busy_ns").sum())
     compute_busy = int(per_step.get_column("compute_exposed_ns").sum()) + rc_ns
     wall_ns = int(per_step.get_column("wall_ns").sum())
@@ -188,14 +194,32 @@ def observe(facts: Facts, per_step: pl.DataFrame) -> tuple[dict[str, Any], dict[
         **facts.observed,
         # share of GPU compute busy time spent re-running forward work
         "recompute_fraction": _frac(rc_ns, compute_busy),
-        # share of step wall time with an offload copy (large pinned DtoH/HtoD) in flight
+        # share of step wall time with an offload copy (large DtoH/HtoD both ways) in flight
         "offload_copy_fraction": _frac(facts.offload_ns, wall_ns),
+        # ... with a large copy through pageable host memory in flight (either way)
+        "pageable_copy_fraction": _frac(facts.pageable_ns, wall_ns),
     }
     evidence = {
         **facts.evidence,
-        "recompute": {"busy_s": round(rc_ns * NS, 9), "compute_busy_s": round(compute_busy * NS, 9)},
+        "recompute": {"busy_s": round(rc_ns * NS, 9), "compute_busy_s": round(compute_busy * NS, 9),
+                      **(recompute or {})},
     }
     return observed, evidence
+
+
+def copy_table(gpu: pl.DataFrame) -> dict[str, Any]:
+    """Copies of the analysed steps by direction and memory kind (frames.COPY_MEMS; `unknown`
+    where the trace does not say): count, bytes, time. Totals over the analysed window, like
+    `evidence.classes`."""
+    cp = gpu.filter(pl.col("kind") == "memcpy")
+    out: dict[str, Any] = {}
+    by = (cp.group_by(pl.col("copy_kind").cast(pl.String).fill_null("other"),
+                      pl.col("copy_mem").cast(pl.String).fill_null("unknown"))
+          .agg(pl.len().alias("n"), pl.col("bytes").sum().alias("b"), pl.col("dur_ns").sum().alias("t"))
+          .sort("copy_kind", "copy_mem"))
+    for kind, mem, n, b, t in by.iter_rows():
+        out.setdefault(kind, {})[mem] = {"count": int(n), "bytes": int(b or 0), "time_s": round(t * NS, 9)}
+    return out
 
 
 def comm_groups(comm: pl.DataFrame) -> dict[str, Any]:
@@ -223,15 +247,40 @@ def comm_groups(comm: pl.DataFrame) -> dict[str, Any]:
 
 
 def summary_lines(doc: Mapping[str, Any]) -> list[str]:
-    """The terminal's line for `evidence.comm_groups`, per step and rank (where groups are named)."""
+    """The terminal's lines for `evidence.comm_groups` (where groups are named) and, where large
+    host copies ran, `evidence.copies`, per step and rank."""
+    return _group_lines(doc) + _copy_lines(doc)
+
+
+def _per_step_rank(doc: Mapping[str, Any]) -> int:
+    return max(len(doc.get("steps") or []) * len(doc.get("ranks_analyzed") or []), 1)
+
+
+def _group_lines(doc: Mapping[str, Any]) -> list[str]:
     groups = (doc.get("evidence") or {}).get("comm_groups") or {}
     if not groups.get("named"):
         return []
-    n = max(len(doc.get("steps") or []) * len(doc.get("ranks_analyzed") or []), 1)
+    n = _per_step_rank(doc)
     parts = [f"{role.replace('_', ' ')} " + (f"{r['time_s'] / n * 1e3:,.1f} ms" if r["time_s"] else "—")
              for role, r in sorted(groups["by_role"].items(), key=lambda kv: -kv[1]["time_s"])
              if r["count"]]
     return ["communication kernels by process group (per step and rank): " + " · ".join(parts)]
+
+
+def _copy_lines(doc: Mapping[str, Any]) -> list[str]:
+    ev = doc.get("evidence") or {}
+    large = ((ev.get("offload") or {}).get("count") or 0) + ((ev.get("pageable_copies") or {}).get("count") or 0)
+    if not large:
+        return []
+    n = _per_step_rank(doc)
+    rows = sorted(((k, m, c["time_s"]) for k, by in (ev.get("copies") or {}).items() for m, c in by.items()
+                   if c["time_s"] > 0), key=lambda r: (-r[2], r[0], r[1]))
+    parts = [f"{k} {m} {t / n * 1e3:,.1f} ms" for k, m, t in rows[:5]]
+    out = ["copies by direction and memory (per step and rank): " + " · ".join(parts)]
+    if (ev.get("pageable_copies") or {}).get("count"):
+        out.append("  pageable: the driver stages each copy through its own pinned buffer and the host "
+                   "waits for it, so it cannot overlap compute")
+    return out
 
 
 def _in_flight_ns(ops: pl.DataFrame, steps: pl.DataFrame) -> int:

@@ -13,6 +13,8 @@ that arrives last most often is reported per group (`last_arrival`).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
+from pathlib import Path
 
 import polars as pl
 from moetune.analyzer.clocks import align_clocks
@@ -68,11 +70,14 @@ def arrival_skew(matched: pl.DataFrame) -> dict:
             "by_collective": by}
 
 
-def ranks_section(trace: Trace, steps: pl.DataFrame | None = None) -> dict[str, dict]:
+def ranks_section(trace: Trace, steps: pl.DataFrame | None = None,
+                  skipped: Sequence[tuple[int, str]] = ()) -> dict[str, dict]:
     """`{"ranks": {...}}` for the diagnosis document (paths read by rules: ranks.count,
-    ranks.step_time_s_by_rank, ranks.stragglers, ranks.collective_arrival_skew_s)."""
+    ranks.step_time_s_by_rank, ranks.stragglers, ranks.collective_arrival_skew_s).
+    `skipped`: (rank, why) of ranks with no analysed step (`steps.Steps.skipped`)."""
     if steps is None:
-        steps = find_steps(trace.events).table
+        found = find_steps(trace.events)
+        steps, skipped = found.table, found.skipped
     ranks = trace.events.get_column("rank").drop_nulls().unique().sort().to_list()
     inst = comm_instances(trace)
     al = align_clocks(trace, instances=inst)
@@ -80,7 +85,7 @@ def ranks_section(trace: Trace, steps: pl.DataFrame | None = None) -> dict[str, 
     matched = match_collectives(inst, al.offsets_ns, unlinked)
     st = step_time_by_rank(steps)
     strag, z = stragglers(st)
-    return {
+    out: dict[str, dict] = {
         "ranks": {
             "count": len(ranks),
             "step_time_s_by_rank": {str(k): round(v, 9) for k, v in st.items()},
@@ -97,6 +102,10 @@ def ranks_section(trace: Trace, steps: pl.DataFrame | None = None) -> dict[str, 
                          "collectives": inst.height},
         }
     }
+    if skipped:  # ranks with GPU work and no analysed step, each with why
+        out["ranks"]["skipped"] = [{"rank": int(r), "file": _file_of(trace, r), "reason": why}
+                                   for r, why in skipped]
+    return out
 
 
 def summary_lines(section: dict[str, dict]) -> list[str]:
@@ -104,12 +113,22 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
     if not r or r["count"] < 2:
         return []
     sk = r["collective_arrival_skew_s"]
-    lines = [f"ranks: {r['count']} · alignment {r['alignment']['method']} · stragglers: "
+    skipped = r.get("skipped") or []
+    n = len(section.get("ranks_analyzed") or [])
+    analysed = f" ({n} analysed)" if skipped and n else ""
+    lines = [f"ranks: {r['count']}{analysed} · alignment {r['alignment']['method']} · stragglers: "
              + (", ".join(map(str, r["stragglers"])) or "none")]
+    lines += [f"  rank {s['rank']} ({s['file']}) not analysed: {s['reason']}" for s in skipped]
     if sk["p50"] is not None:
         lines.append(f"  collective arrival skew p50 {sk['p50'] * 1e6:.1f} µs, max "
                      f"{sk['max'] * 1e6:.1f} µs over {sk['instances']} collectives")
     return lines
+
+
+def _file_of(trace: Trace, rank: int) -> str | None:
+    """The file name (no directories) a rank came from."""
+    src = trace.ranks.filter(pl.col("rank") == rank)["source"].drop_nulls()
+    return Path(src[0]).name if src.len() else None
 
 
 def _s(ns: float) -> float:

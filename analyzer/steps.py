@@ -5,6 +5,10 @@ Sources, in order: `ProfilerStep#N` annotations; host/NVTX annotations matching 
 else the whole trace as one step (with a warning). Patterns and thresholds live in
 `kernel_classes.yaml` (`steps:`).
 
+GPU-idle steps are per-rank segment ordinals: they are used only when every rank with GPU work
+has them (else the whole trace is one step on every rank). A rank with GPU work but no step kept
+(no annotation on it, outside `--window`) is named in `Steps.skipped` and a warning.
+
 Incomplete steps are dropped: like HTA's default, the last `ProfilerStep` is dropped when there are
 ≥2 (the profiler's `Record Window End` usually cuts it), so our windows match HTA's.
 
@@ -40,6 +44,7 @@ class Steps:
     found: list[int]
     dropped: list[int]
     warnings: tuple[str, ...] = field(default=())
+    skipped: tuple[tuple[int, str], ...] = ()  # (rank, why): ranks with GPU work but no step kept
 
     @property
     def ids(self) -> list[int]:
@@ -252,7 +257,10 @@ def find_steps(
     else:
         seg, w = _gpu_idle_steps(events, cfg.get("gpu_idle", {}))
         warnings += w
-        if seg.height:
+        # Segment numbers are per-rank ordinals: with structure on some ranks only, steps would
+        # be compared across ranks that have none; the whole trace is one step on every rank.
+        without = sorted(_gpu_ranks(events) - set(seg["rank"].to_list())) if seg.height else []
+        if seg.height and not without:
             source = "gpu_idle"
             found = sorted(set(seg.get_column("step").to_list()))
             table = seg
@@ -263,13 +271,22 @@ def find_steps(
             source = "whole_trace"
             table = _whole_trace(events)
             found = [0] if table.height else []
-            if table.height:
+            if table.height and without:
+                with_ = sorted(set(seg["rank"].to_list()))
+                warnings.append(
+                    f"no step annotations; repetitive GPU-idle structure on rank(s) "
+                    f"{_fmt_ids(with_)} only, not on {_fmt_ids(without)}: the whole trace is one "
+                    "step on every rank"
+                )
+            elif table.height:
                 warnings.append(
                     "no step annotations and no repetitive GPU-idle structure: the whole trace is one step"
                 )
     table = table.select(STEP_COLS).sort(["rank", "step"])
     if table.height == 0:
         raise UserError("has no complete training step to analyze", path=source_file)
+    skipped = {r: _no_step_reason(source, step_range)
+               for r in sorted(_gpu_ranks(events) - set(table["rank"].to_list()))}
     win = parse_window(window) if isinstance(window, str) or window is None else window
     if win is not None:
         lo, hi = win
@@ -279,8 +296,27 @@ def find_steps(
                 f"--window {lo}:{hi} selects no complete step (complete: {_fmt_ids(sorted(set(table['step'])))})",
                 path=source_file,
             )
+        for r in sorted(set(table["rank"].to_list()) - set(kept["rank"].to_list())):
+            skipped[r] = f"no complete step in --window {lo}:{hi}"
         table = kept
-    return Steps(table=table, source=source, found=found, dropped=dropped, warnings=tuple(warnings))
+    for why in sorted(set(skipped.values())):
+        ranks = [r for r, w in skipped.items() if w == why]
+        warnings.append(f"rank(s) {_fmt_ids(ranks)} not analysed: {why}")
+    return Steps(table=table, source=source, found=found, dropped=dropped, warnings=tuple(warnings),
+                 skipped=tuple(sorted(skipped.items())))
+
+
+def _gpu_ranks(events: pl.DataFrame) -> set[int]:
+    """Ranks with GPU work: each should have a step, or be named as skipped."""
+    return set(events.lazy().filter(pl.col("kind").is_in(GPU_KINDS))
+               .select(pl.col("rank").unique()).collect()["rank"].drop_nulls().to_list())
+
+
+def _no_step_reason(source: str, step_range: str | None) -> str:
+    what = {"profiler_step": "ProfilerStep#N annotation",
+            "annotation": f"{step_range!r} range" if step_range else "step annotation (iteration N)",
+            "gpu_idle": "GPU-idle step structure"}.get(source, "step")
+    return f"its GPU work lies in no complete {what} (steps come from other ranks' {what}s)"
 
 
 def _whole_trace(events: pl.DataFrame) -> pl.DataFrame:

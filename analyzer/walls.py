@@ -5,9 +5,12 @@ Per (rank, step) window, by priority (never summed kernel time):
   recompute exposed     = ∪recompute − ∪compute            → charged to the memory wall
   communication exposed = ∪comm − ∪(compute ∪ recompute)
   memory exposed        = ∪memory − ∪(compute ∪ recompute ∪ comm)  (+ recompute exposed)
+  offload exposed       = ∪offload − ∪(compute ∪ recompute ∪ comm)  (a part of memory exposed;
+                          also for the offload copies through pageable memory alone)
   host                  = window − ∪all GPU work            (the GPU is idle)
 hidden = busy − exposed. Recompute (forward kernels re-run in backward) exists only to save
-memory, so its time is a memory-wall cost.
+memory, so its time is a memory-wall cost; so are offload round trips (large host copies both ways,
+`offload_round_trips`), pinned or pageable.
 
 Host idle is split by cause, in this order: sync_blocked (a host thread is inside a blocking sync or
 copy while the GPU idles), launch_starved (the launch call of the GPU op that ends the gap had not
@@ -45,30 +48,62 @@ def _iv(df: pl.DataFrame) -> pl.DataFrame:
     return df.select("rank", pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END))
 
 
-def recompute_launches(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> pl.DataFrame:
+def recompute_ops(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> pl.DataFrame:
+    """The host ops recompute is read from (kernel_classes.yaml `recompute`), one row each: rank,
+    tid, ts_ns, dur_ns and the flags `scope` (a checkpoint scope: `regions`), `backward` (a
+    backward op that is no scope), `forward` (a forward-only op) and `in_backward` (a forward op
+    that starts inside a backward op or scope of its thread: forward work re-run in backward)."""
+    cl = classes or load_classes()
+    host = events.lazy().filter(pl.col("kind").is_in(["cpu_op", "annotation"])).select(
+        "rank", "tid", "name", "ts_ns", "dur_ns")
+    # the patterns run on the distinct names, not on every host row
+    names = host.select(pl.col("name").unique()).with_columns(
+        (match_expr(cl.recompute_regions) if cl.recompute_regions else pl.lit(False)).alias("scope"),
+        (match_expr(cl.backward_ops) if cl.backward_ops else pl.lit(False)).alias("_bwd_any"),
+        (match_expr(cl.forward_ops) if cl.forward_ops else pl.lit(False)).alias("forward"),
+    ).filter(pl.col("scope") | pl.col("_bwd_any") | pl.col("forward"))
+    by = ["rank", "tid"]
+    ops = host.join(names, on="name", how="inner").drop("name").sort(*by, "ts_ns").with_columns(
+        (pl.col("_bwd_any") & ~pl.col("scope")).alias("backward")).collect().with_row_index("_i")
+    inside = _starts_inside(ops.filter(pl.col("forward")), _iv_by(ops.filter(pl.col("_bwd_any")), by), by)
+    return ops.with_columns(pl.col("_i").is_in(inside.get_column("_i").implode()).alias("in_backward")
+                            ).drop("_i", "_bwd_any")
+
+
+def _iv_by(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    return df.select(*by, pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END))
+
+
+def _starts_inside(points: pl.DataFrame, ranges: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Rows of `points` whose ts_ns lies inside the union of `ranges` (START/END) of their `by`."""
+    if points.height == 0 or ranges.height == 0:
+        return points.clear()
+    return (
+        points.sort("ts_ns")
+        .join_asof(union(ranges, by=by).sort(START), left_on="ts_ns", right_on=START, by=by,
+                   strategy="backward", check_sortedness=False)
+        .filter(pl.col(END).is_not_null() & (pl.col("ts_ns") < pl.col(END)))
+        .drop(START, END)
+    )
+
+
+def recompute_launches(events: pl.DataFrame, *, classes: KernelClasses | None = None,
+                       ops: pl.DataFrame | None = None) -> pl.DataFrame:
     """(rank, correlation) of launches that re-run forward work inside a recompute region.
 
-    Regions are host ranges named like activation checkpointing (`CheckpointFunctionBackward`,
-    `recompute`, …; kernel_classes.yaml `recompute.regions`). Launches under a backward op that
-    itself starts inside the region are the checkpoint's own backward pass, not recompute.
+    Regions are checkpoint scopes (`CheckpointFunctionBackward`, `recompute`, …) and forward-only
+    ops running inside backward (non-reentrant checkpointing), see `recompute_ops` (`ops`, when
+    the caller has them). Launches under a backward op that itself starts inside a region are the
+    checkpoint's own backward pass, not recompute.
     """
-    cl = classes or load_classes()
     out_schema = {"rank": pl.Int32, "correlation": pl.Int64}
-    if not cl.recompute_regions:
-        return pl.DataFrame(schema=out_schema)
-    # only the columns used: host rows are most of a trace, a filter copies every column kept
-    host = events.select("rank", "tid", "name", "ts_ns", "dur_ns", "kind").filter(
-        pl.col("kind").is_in(["cpu_op", "annotation"]))
-    is_region = match_expr(cl.recompute_regions)
-    regions = host.filter(is_region)
-    if regions.height == 0:
-        return pl.DataFrame(schema=out_schema)
+    ops = ops if ops is not None else recompute_ops(events, classes=classes)
     by = ["rank", "tid"]
-    reg_iv = regions.select(*by, pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END))
+    reg_iv = _iv_by(ops.filter(pl.col("scope") | pl.col("in_backward")), by)
+    if reg_iv.height == 0:
+        return pl.DataFrame(schema=out_schema)
     reg_u = union(reg_iv, by=by)
-    bwd = host.filter(match_expr(cl.backward_ops) & ~is_region).select(
-        *by, pl.col("ts_ns").alias(START), (pl.col("ts_ns") + pl.col("dur_ns")).alias(END)
-    )
+    bwd = _iv_by(ops.filter(pl.col("backward")), by)
     # only backward ops that start inside a region (the region's own backward), not enclosing ones
     bwd_in = (
         bwd.sort(START)
@@ -95,11 +130,41 @@ def recompute_launches(events: pl.DataFrame, *, classes: KernelClasses | None = 
     return hit.select(pl.col("rank").cast(pl.Int32), pl.col("correlation").cast(pl.Int64)).unique()
 
 
+def recompute_evidence(ops: pl.DataFrame, steps: pl.DataFrame) -> dict[str, int]:
+    """Counts of `recompute_ops` starting in the analysed steps' host ranges: what the recompute
+    verdict rests on. `forward_ops` (outside backward) shows the forward is visible by op names, so
+    none of them in backward is evidence that no forward work re-ran there."""
+    win = steps.select("rank", "step", "start_ns", "end_ns")
+    o = locate(ops.with_row_index("_i"), win, on=["rank"], at="ts_ns", keep=["step"],
+               start="start_ns", end="end_ns").unique("_i")  # once, were host ranges to overlap
+    n = lambda e: int(o.select(e.sum()).item() or 0)  # noqa: E731
+    return {
+        "checkpoint_regions": n(pl.col("scope")),
+        "backward_ops": n(pl.col("backward")),
+        "forward_ops": n(pl.col("forward") & ~pl.col("in_backward")),
+        "forward_ops_in_backward": n(pl.col("in_backward")),
+    }
+
+
+# Large host<->device copies (kernel_classes.yaml), through pinned or pageable host memory
+OFFLOAD_CLASSES: tuple[str, ...] = ("memory.offload", "memory.pageable")
+
+
+def offload_round_trips(gpu: pl.DataFrame) -> pl.DataFrame:
+    """The rows of `gpu` (classified GPU rows) that are offload: large host copies of a rank that
+    moves data both ways. One-way HtoD is input or weight loading, one-way DtoH a checkpoint or a
+    log, not activations or optimizer state taken off the GPU and brought back."""
+    off = gpu.filter(pl.col("kclass").is_in(OFFLOAD_CLASSES))
+    both = off.group_by("rank").agg(pl.col("copy_kind").n_unique().alias("_k")).filter(pl.col("_k") >= 2)
+    return off.join(both.select("rank"), on="rank", how="semi")
+
+
 def gpu_layers(events: pl.DataFrame, recompute: pl.DataFrame) -> dict[str, pl.DataFrame]:
-    """Per-rank GPU intervals by wall; compute kernels launched for recompute go to `recompute`."""
-    require(events, ("kind", "wall", "correlation"), what="classified events")
-    gpu = events.select("rank", "correlation", "kind", "wall", "ts_ns", "dur_ns").filter(
-        pl.col("kind").is_in(GPU_KINDS) & (pl.col("dur_ns") > 0))
+    """Per-rank GPU intervals by wall; compute kernels launched for recompute go to `rc`, offload
+    round trips (a part of the memory wall's copies) also to `off`."""
+    require(events, ("kind", "wall", "kclass", "copy_kind", "correlation"), what="classified events")
+    gpu = events.select("rank", "correlation", "kind", "wall", "kclass", "copy_kind", "ts_ns",
+                        "dur_ns").filter(pl.col("kind").is_in(GPU_KINDS) & (pl.col("dur_ns") > 0))
     if recompute.height:
         rc = recompute.with_columns(pl.lit(True).alias("_rc"))
         gpu = gpu.join(rc, on=["rank", "correlation"], how="left").with_columns(
@@ -113,6 +178,8 @@ def gpu_layers(events: pl.DataFrame, recompute: pl.DataFrame) -> dict[str, pl.Da
         "rc": _iv(gpu.filter(pl.col("_rc"))),
         "comm": _iv(gpu.filter(w == "communication")),
         "mem": _iv(gpu.filter(w == "memory")),
+        "off": _iv(off := offload_round_trips(gpu)),
+        "offpg": _iv(off.filter(pl.col("kclass") == "memory.pageable")),
     }
 
 
@@ -194,6 +261,7 @@ def attribute_walls(
     ])
     seg = _segments(union(stacked, by=["rank", LAYER]), wid, names=[*layers, "win"])
     c, r, m, k = pl.col("c"), pl.col("rc"), pl.col("comm"), pl.col("mem")
+    off, offpg = pl.col("off"), pl.col("offpg")
     busy = c | r | m | k
     idle = pl.col("win") & ~busy
     length = pl.col(END) - pl.col(START)
@@ -205,6 +273,9 @@ def attribute_walls(
         "comm_exposed_ns": m & ~c & ~r,
         "mem_busy_ns": k,
         "mem_copy_exposed_ns": k & ~c & ~r & ~m,
+        "offload_busy_ns": off,
+        "offload_exposed_ns": off & ~c & ~r & ~m,
+        "offload_pageable_exposed_ns": offpg & ~c & ~r & ~m,
         "busy_ns": busy,
         "idle_ns": idle,
         "sync_blocked_ns": idle & pl.col("sync"),

@@ -285,7 +285,11 @@ def prepare(workdir: Path, traces: list[str], base: str, scales: list[int],
             if not dst.exists():  # the first "rank": after distributedInfo is its own
                 at = text.index('"rank":', head)
                 end = text.index(",", at)
-                dst.write_text(f'{text[:at]}"rank": {r}{text[end:]}')
+                # and its world size: n ranks of a world of 2 are no ranks of one run
+                w_at = text.index('"world_size":', end)
+                w_end = text.index(",", w_at)
+                dst.write_text(f'{text[:at]}"rank": {r}{text[end:w_at]}"world_size": {n}'
+                               f'{text[w_end:]}')
         items.append({"name": d.name, "json": d, "gz": None, "scale": 4})
     return items
 

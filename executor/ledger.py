@@ -10,14 +10,17 @@ key. Disk full or an unwritable path is a UserError naming the file; nothing wri
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from moetune.errors import UserError
+from moetune.resources import schema
 
 SCHEMA_VERSION = 1
 RUN_RECORD_SCHEMA_ID = "https://moetune.dev/schemas/ledger/1"
@@ -81,6 +84,27 @@ def _loads(s: str | None) -> Any:
     return json.loads(s) if s else None
 
 
+@cache
+def _columns() -> dict[str, frozenset[str]]:
+    """The columns `_DDL` gives each record table (what reading a ledger needs)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for stmt in _DDL.split(";"):
+            if stmt.strip():
+                conn.execute(stmt)
+        return {t: frozenset(r[1] for r in conn.execute(f"PRAGMA table_info({t})"))
+                for t in ("sessions", "runs", "decisions")}
+    finally:
+        conn.close()
+
+
+@cache
+def _validator() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(json.loads(schema("ledger").read_text()))
+
+
 class Ledger:
     """One SQLite file; open with `Ledger.open(path)`, use as a context manager."""
 
@@ -105,6 +129,7 @@ class Ledger:
                         conn.execute(stmt)
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
                              (str(SCHEMA_VERSION),))
+            led._check_columns()  # a ledger from an older or edited file: refuse before writing
         except sqlite3.DatabaseError as exc:
             raise UserError(f"cannot open ledger: {_why(exc)}", path=p) from None
         except OSError as exc:
@@ -136,11 +161,33 @@ class Ledger:
                 conn.close()
                 raise UserError("is an SQLite database but not a moetune ledger (no sessions, "
                                 "runs and decisions tables)", path=p)
-            return cls(conn, p)
+            led = cls(conn, p)
+            led._check_columns()
+            return led
         raise UserError(f"cannot open the ledger read-only ({last})", path=p)
 
     def close(self) -> None:
         self.conn.close()
+
+    def _check_columns(self) -> None:
+        """A ledger someone hands over must have every column a record is read from."""
+        for table, want in _columns().items():
+            have = {r[1] for r in self._fetch(f"PRAGMA table_info({table})", (), tuple)}
+            if missing := sorted(want - have):
+                self.close()
+                raise UserError(f"not a ledger moetune can read: table {table} lacks column(s) "
+                                f"{', '.join(missing)}", path=self.path)
+
+    def _fetch(self, sql: str, args: tuple, convert: Callable[[Any], Any]) -> list[Any]:
+        """Rows of a query, each through `convert`; a damaged file or a record that does not
+        parse (a JSON column edited by hand, a truncated copy) is a UserError naming the file."""
+        try:
+            return [convert(r) for r in self.conn.execute(sql, args).fetchall()]
+        except sqlite3.DatabaseError as exc:
+            raise UserError(f"not a readable ledger ({_why(exc)})", path=self.path) from None
+        except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise UserError(f"not a readable ledger: a record's JSON does not parse ({exc})",
+                            path=self.path) from None
 
     def __enter__(self) -> Ledger:
         return self
@@ -173,8 +220,8 @@ class Ledger:
 
     # ---------------------------------------------------------------- sessions
     def session(self, session_id: str) -> dict[str, Any] | None:
-        row = self.conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
-        return _session_dict(row) if row else None
+        rows = self._fetch("SELECT * FROM sessions WHERE id = ?", (session_id,), _session_dict)
+        return rows[0] if rows else None
 
     def start_session(self, session_id: str, *, command: list[str], env: Mapping[str, str],
                       contract: Any, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -194,16 +241,15 @@ class Ledger:
             c.execute("UPDATE sessions SET state = 'done' WHERE id = ?", (session_id,))
 
     def sessions(self) -> list[dict[str, Any]]:
-        rows = self.conn.execute("SELECT * FROM sessions ORDER BY created_at").fetchall()
-        return [_session_dict(r) for r in rows]
+        return self._fetch("SELECT * FROM sessions ORDER BY created_at", (), _session_dict)
 
     # ---------------------------------------------------------------- runs
     def finished_run(self, session_id: str, key: str) -> dict[str, Any] | None:
         """The completed record under a key (done or failed), if any: it is never redone."""
-        row = self.conn.execute(
+        rows = self._fetch(
             "SELECT * FROM runs WHERE session = ? AND key = ? AND status IN ('done', 'failed') "
-            "ORDER BY id DESC LIMIT 1", (session_id, key)).fetchone()
-        return _run_dict(row) if row else None
+            "ORDER BY id DESC LIMIT 1", (session_id, key), _run_dict)
+        return rows[0] if rows else None
 
     def begin_run(self, session_id: str, key: str, *, role: str, label: str,
                   command: list[str], env: Mapping[str, str], diff: Mapping[str, Any],
@@ -235,13 +281,13 @@ class Ledger:
         q, args = "SELECT * FROM runs", ()
         if session_id:
             q, args = q + " WHERE session = ?", (session_id,)
-        return [_run_dict(r) for r in self.conn.execute(q + " ORDER BY id", args).fetchall()]
+        return self._fetch(q + " ORDER BY id", args, _run_dict)
 
     # ---------------------------------------------------------------- decisions
     def decision(self, session_id: str, key: str) -> dict[str, Any] | None:
-        row = self.conn.execute("SELECT * FROM decisions WHERE session = ? AND key = ?",
-                                (session_id, key)).fetchone()
-        return _decision_dict(row) if row else None
+        rows = self._fetch("SELECT * FROM decisions WHERE session = ? AND key = ?",
+                           (session_id, key), _decision_dict)
+        return rows[0] if rows else None
 
     def record_decision(self, session_id: str, key: str, *, label: str,
                         change: Mapping[str, Any], source: str | None,
@@ -261,12 +307,47 @@ class Ledger:
         q, args = "SELECT * FROM decisions", ()
         if session_id:
             q, args = q + " WHERE session = ?", (session_id,)
-        return [_decision_dict(r) for r in self.conn.execute(q + " ORDER BY id", args).fetchall()]
+        return self._fetch(q + " ORDER BY id", args, _decision_dict)
 
     def document(self) -> dict[str, Any]:
-        """Everything, as the JSON document `moetune ledger --json` prints."""
-        return {"schema": RUN_RECORD_SCHEMA_ID, "ledger": str(self.path),
-                "sessions": self.sessions(), "runs": self.runs(), "decisions": self.decisions()}
+        """Everything, as the JSON document `moetune ledger --json` prints
+        (schemas/ledger.schema.json); a record that breaks the schema is a UserError naming it."""
+        doc = {"schema": RUN_RECORD_SCHEMA_ID, "ledger": str(self.path),
+               "sessions": self.sessions(), "runs": self.runs(), "decisions": self.decisions()}
+        import jsonschema
+
+        err = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
+        where = _record(doc, list(err.absolute_path)) if err is not None else None
+        if err is not None:
+            raise UserError(f"not a valid ledger: {where}: {err.message[:200]}", path=self.path)
+        if (bad := _non_finite(doc)) is not None:
+            raise UserError(f"not a valid ledger: {_record(doc, bad)}: not a finite number",
+                            path=self.path)
+        return doc
+
+
+def _record(doc: Mapping[str, Any], at: list[Any]) -> str:
+    """`runs id 7: metrics.step_ms` for a path into the document (records named by their id)."""
+    if len(at) >= 2 and isinstance(at[1], int):
+        rec = doc[at[0]][at[1]]
+        rid = rec.get("id") if isinstance(rec, Mapping) else None
+        rest = ".".join(map(str, at[2:]))
+        return f"{at[0]} id {rid}" + (f": {rest}" if rest else "")
+    return ".".join(map(str, at)) or "(top)"
+
+
+def _non_finite(doc: Any) -> list[Any] | None:
+    """Path of the first NaN/Infinity in the document (strict JSON has neither), or None."""
+    stack: list[tuple[Any, list[Any]]] = [(doc, [])]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return at
+        if isinstance(node, Mapping):
+            stack.extend((v, [*at, k]) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, [*at, i]) for i, v in enumerate(node))
+    return None
 
 
 def _why(exc: sqlite3.DatabaseError) -> str:

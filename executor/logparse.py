@@ -5,8 +5,8 @@ The formats are Megatron-LM's `training_log()` (`megatron/training/training.py`)
 `src/megatron/bridge/training/utils/train_utils.py`.
 
 Reads what real runs print: iteration lines (any subset and order of fields, Megatron and Bridge
-timestamps), memory lines (new `.2f`, old unformatted float, Bridge GB form), validation lines and
-the arguments dump (parsed by `moetune.analyzer.megatron_args`). Tolerates launcher prefixes
+timestamps), memory lines (new `.2f`, old unformatted float, Bridge GB form), validation lines,
+Megatron's theoretical memory estimate and the arguments dump (parsed by `moetune.analyzer.megatron_args`). Tolerates launcher prefixes
 (`[default7]: `, `[host:3]: `, `3: `), interleaved ranks, lines cut short and terminal hard
 wraps: a record that does not end with its last field is continued on the next unprefixed line.
 """
@@ -52,6 +52,16 @@ MEMORY_SCHEMA = pl.Schema({
     "max_reserved_mb": pl.Float64,
 })
 
+# Megatron-LM's `report_theoretical_memory` (megatron/training/theoretical_memory_usage.py): the
+# model's own estimate, per rank, before the first step; activation and total only where the formula
+# applies (sequence parallel with selective recompute, or newer releases' "without SP" variant).
+THEORETICAL_MEMORY_SCHEMA = pl.Schema({
+    "rank": pl.Int32,              # from the launcher prefix; null when there is none
+    "weight_and_optimizer_mb": pl.Float64,
+    "activation_mb": pl.Float64,   # null: not printed
+    "total_mb": pl.Float64,        # null: not printed
+})
+
 VALIDATION_SCHEMA = pl.Schema({
     "where": pl.String,            # e.g. `iteration 100`
     "split": pl.String,            # validation | validation on validation set | … on test set
@@ -66,8 +76,14 @@ _TS = re.compile(r"^\s*\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]")
 _MEM = re.compile(
     r"\[Rank (?P<rank>\d+)\] \(after (?P<it>\d+) iterations\) memory \((?P<unit>MB|GB)\)\s*\|(?P<rest>.*)"
 )
+_THEORY = re.compile(
+    r"Theoretical memory footprints: weight and optimizer=\s*(?P<w>[\d.]+) MB"
+    r"(?:, activation=\s*(?P<a>[\d.]+) MB)?(?:, total=\s*(?P<t>[\d.]+) MB)?"
+)
 _VAL = re.compile(r"validation(?P<split>[^|]*?) loss at (?P<where>[^|]*?) \|(?P<rest>.*)")
-_KV = re.compile(r"\s*(?P<k>[^|:]+?):\s*(?P<v>[^|]*?)\s*(?:\||$)")
+# `key: value |` fields (callers strip both). Matches start only at the text's start or after `|` or
+# `:`, and nothing backtracks: linear on a line of a million dots (the lazy form was quadratic).
+_KV = re.compile(r"(?:^|(?<=[|:]))(?P<k>[^|:]++):(?P<v>[^|]*+)(?:\||$)")
 _RECORD_END = "number of nan iterations"
 _NUM = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$|^[+-]?(?:nan|inf)$", re.I)
 
@@ -118,6 +134,8 @@ class ParsedLog:
     iterations: pl.DataFrame
     memory: pl.DataFrame
     validation: pl.DataFrame
+    theoretical_memory: pl.DataFrame = field(
+        default_factory=lambda: pl.DataFrame(schema=THEORETICAL_MEMORY_SCHEMA))
     args: dict[str, Any] = field(default_factory=dict)
     completed: bool = False        # Megatron's completion marker was printed
     failure: str | None = None     # oom | usage | nccl | crash (from FAILURES), else None
@@ -201,7 +219,7 @@ def _validation_rows(m: re.Match[str]) -> list[dict[str, Any]]:
 def _starts_record(rest: str) -> bool:
     s = rest.lstrip()
     return bool(_FOREIGN.match(rest) or _TS.match(rest) or _ITER.search(rest) or s.startswith(("[Rank ", "[after", "-"))
-                or _MEM.search(rest) or _VAL.search(rest))
+                or _MEM.search(rest) or _VAL.search(rest) or _THEORY.search(rest))
 
 
 def parse_text(text: str) -> ParsedLog:
@@ -209,6 +227,7 @@ def parse_text(text: str) -> ParsedLog:
     iters: list[dict[str, Any]] = []
     mems: list[dict[str, Any]] = []
     vals: list[dict[str, Any]] = []
+    theory: list[dict[str, Any]] = []
     open_rec: dict[str, tuple[int | None, str]] = {}  # prefix → (rank, text) of a cut record
     last_prefix: str | None = None
     impl = None
@@ -253,6 +272,12 @@ def parse_text(text: str) -> ParsedLog:
         if mm:
             mems.append(_memory_record(mm))
             continue
+        tm = _THEORY.search(rest)
+        if tm:
+            theory.append({"rank": rank, "weight_and_optimizer_mb": _num(tm.group("w"), float),
+                           "activation_mb": _num(tm.group("a") or "", float),
+                           "total_mb": _num(tm.group("t") or "", float)})
+            continue
         vm = _VAL.search(rest)
         if vm:
             vals.extend(_validation_rows(vm))
@@ -270,6 +295,7 @@ def parse_text(text: str) -> ParsedLog:
         iterations=_frame(iters, ITERATIONS_SCHEMA).sort("iteration", "rank", nulls_last=True),
         memory=_frame(mems, MEMORY_SCHEMA),
         validation=_frame(vals, VALIDATION_SCHEMA),
+        theoretical_memory=_frame(theory, THEORETICAL_MEMORY_SCHEMA),
         args=args,
         completed=bool(COMPLETION.search(text)),
         failure=failure,
@@ -302,6 +328,18 @@ def _frame(rows: list[dict[str, Any]], schema: pl.Schema) -> pl.DataFrame:
     if not rows:
         return pl.DataFrame(schema=schema)
     return pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row")
+
+
+def iteration_args(iterations: pl.DataFrame) -> dict[str, int]:
+    """Megatron arguments the iteration lines state: `global_batch_size` and `train_iters` of the
+    last iteration printed (a batch-size ramp-up ends at the configured size)."""
+    rows = iterations.drop_nulls("iteration").sort("iteration")
+    out: dict[str, int] = {}
+    for col, arg in (("global_batch_size", "global_batch_size"), ("train_iters", "train_iters")):
+        values = rows.get_column(col).drop_nulls()
+        if values.len():
+            out[arg] = int(values[-1])
+    return out
 
 
 def median_step_s(iterations: pl.DataFrame, *, first: int, last: int | None = None

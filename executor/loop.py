@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -29,6 +31,7 @@ from moetune.executor.validate import (
     Window,
     audit_change,
     decide,
+    not_a_loss,
     run_metrics,
     screen_stats,
 )
@@ -159,8 +162,9 @@ def _metrics(rec: Mapping[str, Any]) -> dict[str, Any]:
 
 def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, label: str,
                        *, profile_tpl: str | None, contract: Any, knob: str,
-                       value: Any) -> dict[str, Any]:
-    """Screens (A B A B …) then, for a screen winner, the confirm pair and the audit."""
+                       value: Any, unlocks: Sequence[str] = ()) -> dict[str, Any]:
+    """Screens (A B A B …) then, for a screen winner, the confirm pair and the audit. A change
+    that `unlocks` others goes on to confirm, and is kept, when it is not measurably slower."""
     pol = runner.opts.policy
     swin = Window.tail(pol.screen_iters)
     a_ms: list[float | None] = []
@@ -191,7 +195,7 @@ def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, 
         stats = {**stats, "noise": separated, "early": "every candidate iteration faster than "
                  f"every baseline iteration and a gain ≥ {EARLY_GAIN:.0%}: one screen pair"}
     first = decide(screen=stats, confirm_base=None, confirm_cand=None, audit=None, policy=pol) \
-        if not _screen_ok(stats, pol) else None
+        if not _screen_ok(stats, pol) and not (unlocks and not_a_loss(stats, pol)) else None
     if first is not None:
         return first
     n, cwin = pol.confirm_iters, pol.confirm_window
@@ -213,7 +217,7 @@ def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, 
         contract = _contract_from_log(Path(cc["log_path"]))
     audit = audit_change(traces, knob, value, contract) if not _metrics(cc).get("cause") else None
     res = decide(screen=stats, confirm_base=_metrics(cb), confirm_cand=_metrics(cc),
-                 audit=audit, policy=pol)
+                 audit=audit, policy=pol, unlocks=unlocks)
     if traces:  # an accepted candidate's profile serves as the next round's
         res["profile"] = {"traces": traces, "log_path": cc.get("log_path"),
                           "step_s": (_metrics(cc).get("step_ms") or 0) / 1e3 or None}
@@ -221,16 +225,24 @@ def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, 
 
 
 def _separated(ma: Mapping[str, Any], mb: Mapping[str, Any]) -> float | None:
-    """The iteration spread of the two runs when one screen pair already decides (every
-    candidate iteration faster than every baseline iteration, by at least EARLY_GAIN at the
-    medians): a large win needs no more repeats, the confirm pair still measures it again."""
+    """The noise band of one screen pair when it already decides (every candidate iteration
+    faster than every baseline iteration, by at least EARLY_GAIN at the medians): twice the
+    standard error of the ratio of the two runs' median iteration times, each from its
+    iterations' interquartile range. A large win needs no more repeats; the confirm pair still
+    measures it again."""
     a = [x for x in ma.get("step_ms_all") or [] if x]
     b = [x for x in mb.get("step_ms_all") or [] if x]
-    if len(a) < 3 or len(b) < 3 or not ma.get("step_ms") or not mb.get("step_ms"):
+    if len(a) < 4 or len(b) < 4 or not ma.get("step_ms") or not mb.get("step_ms"):
         return None
     if max(b) >= min(a) or ma["step_ms"] / mb["step_ms"] - 1 < EARLY_GAIN:
         return None
-    return max((max(a) - min(a)) / ma["step_ms"], (max(b) - min(b)) / mb["step_ms"])
+    return 2 * math.hypot(_median_se(a), _median_se(b))
+
+
+def _median_se(xs: Sequence[float]) -> float:
+    """Relative standard error of a median: 1.2533 σ/√n, σ from the interquartile range."""
+    q = statistics.quantiles(xs, n=4)
+    return 1.2533 * (q[2] - q[0]) / 1.349 / math.sqrt(len(xs)) / statistics.median(xs)
 
 
 def _screen_ok(stats: Mapping[str, Any], pol: Policy) -> bool:
@@ -284,12 +296,18 @@ def candidate_changes(recs: Sequence[Recommendation], tries: Sequence[str],
         if changes[0].label in tried:  # already first in line as the user's --try
             continue
         fits = (r.entry.get("memory") or {}).get("fits")
+        own = _calibrated(r, cal)
+        unlocks = r.entry.get("unlocks") or []
+        # an enabler is worth its own gain and the best change it unlocks, one after the other
+        best = max((((u.get("gain") or {}).get("speedup") or {}).get("mid") or 0.0
+                    for u in unlocks), default=0.0)
+        value = (1 + (own or 0.0)) * (1 + best) - 1 if unlocks else own
         ruled.append({"changes": changes, "label": changes[0].label, "source": r.rule,
-                      "predicted_gain": _calibrated(r, cal), "memory": r.entry.get("memory"),
-                      "_fits": fits is not False})
-    # the engine's order, re-sorted once calibration has moved a rule's predictions; changes
-    # predicted not to fit stay last
-    ruled.sort(key=lambda c: (not c["_fits"], -(c["predicted_gain"] or 0.0)))
+                      "predicted_gain": own, "value": value, "memory": r.entry.get("memory"),
+                      "unlocks": [u["rule"] for u in unlocks], "_fits": fits is not False})
+    # the engine's order, re-sorted once calibration has moved a rule's predictions (an enabler
+    # by what it unlocks too); changes predicted not to fit stay last
+    ruled.sort(key=lambda c: (not c["_fits"], -(c["value"] or 0.0)))
     for c in ruled:
         c.pop("_fits")
     return out + ruled
@@ -344,7 +362,10 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
         accepted: list[dict[str, Any]] = []
         spent = 0
         rnd = 0
-        noise = opts.policy.min_gain  # widened by the noise band each A/B measures
+        # the noise band of the current baseline: widened by each of its A/Bs, and set anew by
+        # the A/B that made an accepted candidate the baseline (a noisy start does not make a
+        # quieter configuration's small wins look like noise)
+        noise = opts.policy.min_gain
         while spent < opts.budget:
             recs: list[Recommendation] = []
             con = _round_contract(contract, accepted)
@@ -362,7 +383,7 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
             for cand in pending:
                 if spent >= opts.budget:
                     break
-                pred = cand["predicted_gain"]
+                pred = cand.get("value", cand["predicted_gain"])
                 if cand["source"] != "user" and pred is not None and pred <= noise:
                     # candidates come best predicted first: the rest promise no more
                     log(f"{cand['label']}: predicted {pred:+.1%} is inside the noise band "
@@ -378,7 +399,8 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                     ch0 = cand["changes"][0]
                     res = validate_candidate(runner, f"r{rnd}", base, cl, label,
                                              profile_tpl=profile_tpl, contract=con,
-                                             knob=ch0.knob.name, value=ch0.value)
+                                             knob=ch0.knob.name, value=ch0.value,
+                                             unlocks=cand.get("unlocks") or ())
                     # the memory prediction that allowed the change, beside what it measured
                     res["predicted_memory"] = cand.get("memory")
                     led.record_decision(
@@ -390,7 +412,9 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                         verdict=res["verdict"], cause=res.get("cause"), evidence=res)
                     prior = led.decision(sid, key)
                 assert prior is not None
-                if prior.get("noise") is not None:
+                if prior.get("noise") is not None and prior["verdict"] == "accepted":
+                    noise = max(opts.policy.min_gain, float(prior["noise"]))
+                elif prior.get("noise") is not None:
                     noise = max(noise, float(prior["noise"]))
                 log(f"{label}: {prior['verdict']}"
                     + (f" ({prior['cause']})" if prior["cause"] else "")

@@ -212,12 +212,24 @@ def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: An
             "detail": {k: v for k, v in entry.items() if k not in ("verdict", "reason")}}
 
 
+def not_a_loss(stats: Mapping[str, Any], policy: Policy) -> bool:
+    """The candidate is not measurably slower: its gain is above minus the noise band."""
+    gain, noise = stats.get("gain"), stats.get("noise")
+    if gain is None or noise is None:
+        return False
+    return gain > -max(noise, policy.min_gain)
+
+
 def decide(*, screen: Mapping[str, Any], confirm_base: Mapping[str, Any] | None,
            confirm_cand: Mapping[str, Any] | None, audit: Mapping[str, Any] | None,
-           policy: Policy) -> dict[str, Any]:
-    """Final verdict of one candidate from its screen stats, confirm runs and audit."""
+           policy: Policy, unlocks: Sequence[str] = ()) -> dict[str, Any]:
+    """Final verdict of one candidate from its screen stats, confirm runs and audit. A change
+    that `unlocks` others (it lifts the constraints blocking them) is accepted as an enabler when
+    it is healthy, ran, and is not measurably slower: its worth is what it makes possible."""
     out: dict[str, Any] = {"screen": dict(screen)}
     ok, why = screen_verdict(screen, policy)
+    if not ok and unlocks and not_a_loss(screen, policy):
+        ok = True
     if not ok:
         return {**out, "verdict": "rejected", "cause": why, "measured_gain": screen.get("gain"),
                 "noise": screen.get("noise")}
@@ -243,7 +255,13 @@ def decide(*, screen: Mapping[str, Any], confirm_base: Mapping[str, Any] | None,
         if audit.get("verdict") == "contradicted":
             return {**out, "verdict": "rejected", "cause": "audit: the change did not run",
                     "measured_gain": gain, "noise": screen["noise"]}
-    if gain <= max(screen["noise"], policy.min_gain):
+    band = max(screen["noise"], policy.min_gain)
+    if gain <= band and unlocks and gain > -band:
+        return {**out, "verdict": "accepted", "cause": None, "measured_gain": gain,
+                "noise": screen["noise"], "enables": list(unlocks),
+                "proof": f"enabler: not slower beyond the noise band ({gain:+.1%} against "
+                         f"±{band:.1%}); it unlocks {', '.join(unlocks)}"}
+    if gain <= band:
         return {**out, "verdict": "rejected",
                 "cause": f"confirm gain {gain:+.1%} within noise band {screen['noise']:.1%}",
                 "measured_gain": gain, "noise": screen["noise"]}

@@ -99,13 +99,15 @@ def analyze(
     full: bool = True,
     audit: bool = True,
     reference_step_s: float | None = None,
+    allow_mixed_runs: bool = False,
 ) -> Analysis:
     """Read the traces once; diagnose them and, when the contract claims anything, audit it.
 
     `full=False` runs only what the audit needs (steps and its probes), not the timeline graph:
     what `moetune audit` asks for. `audit=False` reads the contract for its window only.
     `reference_step_s`: the run's unprofiled step time (its log's iterations), which the what-if
-    estimates start from (a profiled step runs slower).
+    estimates start from (a profiled step runs slower). `allow_mixed_runs`: analyse files that are
+    not ranks of one run together (`moetune.analyzer.run_identity`) instead of refusing them.
     """
     from moetune.analyzer import diagnose as diag
     from moetune.analyzer.readers import expand, load_trace
@@ -116,7 +118,8 @@ def analyze(
     con = read_contract(contract)
     files = expand(plist)
     diag.digest_later(files)
-    return analyze_trace(load_trace(plist), con, files=files, window=window,
+    trace = load_trace(plist, allow_mixed_runs=allow_mixed_runs)
+    return analyze_trace(trace, con, files=files, window=window,
                          step_range=step_range, full=full, audit=audit,
                          reference_step_s=reference_step_s)
 

@@ -544,17 +544,58 @@ def _copy(value: Any) -> Any:
     return list(value) if isinstance(value, list) else value  # never hand out the catalog's lists
 
 
+def spelling_of(key: str, catalog: Catalog | None = None) -> tuple[str, bool]:
+    """(argument name, negated) for a name as a user may write it: the argument itself, or a flag
+    spelling (`--fp8-format`, `fp8-format`, `fp8_format` -> `fp8`, Megatron's `dest`); a bool
+    knob's negative flag (`--no-overlap-p2p-communication`) names it negated. Names the catalog
+    has no flag for keep Megatron's generated form (`--foo-bar` -> `foo_bar`)."""
+    cat = catalog or load()
+    name = key[2:] if key.startswith("--") else key
+    name = name.replace("-", "_")
+    if name in cat.knobs:
+        return name, False
+    k = cat.by_flag.get("--" + name.replace("_", "-"))
+    if k is not None and k.kind == "arg":
+        if k.flag and k.flag[2:].replace("-", "_") == name:
+            return k.name, False
+        if k.type == "bool" and k.negative_flag and k.negative_flag[2:].replace("-", "_") == name:
+            return k.name, True
+    return name, False
+
+
+def _spellings(args: Mapping[str, Any], cat: Catalog) -> tuple[dict[str, Any], list[str]]:
+    """`args` under argument names (`spelling_of`); a name given both ways keeps the argument's
+    own value. An underscore spelling stays beside its argument (Megatron may print it as an
+    argument of its own: `num_virtual_stages_per_pipeline_rank`); dashed ones go. Deprecated
+    names stay for the renames and switches."""
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    moved: list[tuple[str, str, Any]] = []
+    for key, value in args.items():
+        name, negated = spelling_of(key, cat)
+        if name == key or "-" not in key:
+            out[key] = value
+        if name != key:
+            moved.append((key, name, (not value) if negated and isinstance(value, bool) else value))
+    for key, name, value in moved:
+        if name not in out:
+            out[name] = value
+            notes.append(f"{key} -> {name}")
+    return out, notes
+
+
 def normalize_args(args: Mapping[str, Any], catalog: Catalog | None = None
                    ) -> tuple[dict[str, Any], list[str]]:
-    """Current Megatron argument names for the catalog's deprecated ones. Returns (args, notes).
+    """Current Megatron argument names for flag spellings and the catalog's deprecated names.
+    Returns (args, notes).
 
-    A rename hands its value to the current argument unless that is already set (not
-    None/empty); a switch a log prints True sets its arguments where they are unset or at their
-    default (`forces`: always); a switch printed False states `sets_when_false` where the log is
-    silent. Renames first, then switches, each in catalog order."""
+    Flag spellings first (`spelling_of`: `fp8_format` -> `fp8`). A rename hands its value to the
+    current argument unless that is already set (not None/empty); a switch a log prints True sets
+    its arguments where they are unset or at their default (`forces`: always); a switch printed
+    False states `sets_when_false` where the log is silent. Renames then switches, each in
+    catalog order."""
     cat = catalog or load()
-    out = dict(args)
-    notes: list[str] = []
+    out, notes = _spellings(args, cat)
     for d in cat.renames:
         if d.arg not in out:
             continue

@@ -55,6 +55,9 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
     mem = detail["memory"]
     if mem.get("recompute_s"):
         out.print(f"memory includes recompute {_ms(mem['recompute_s'])} (forward re-run in backward)")
+    if mem.get("offload_s"):
+        pageable = f", {_ms(mem['offload_pageable_s'])} through pageable memory" if mem.get("offload_pageable_s") else ""
+        out.print(f"memory includes offload round trips {_ms(mem['offload_s'])} exposed{pageable}")
     h = doc["host"]
     out.print(
         f"host idle {_ms(h['idle_s'])}: launch-starved {_ms(h['launch_starved_s'])}, "
@@ -68,6 +71,7 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
         f"dispatcher {o['dispatcher_backend']} · graph replay {'yes' if o['cuda_graph_replay'] else 'no'} · "
         f"fp8 gemm {'yes' if o['fp8_gemm'] else 'no'} · grouped gemm {'yes' if o['grouped_gemm'] else 'no'} · "
         f"recompute {_pct(o['recompute_fraction'])} of compute · offload copies {_pct(o['offload_copy_fraction'])} of step"
+        + (f" · pageable copies {_pct(o['pageable_copy_fraction'])} of step" if o.get("pageable_copy_fraction") else "")
     )
     for line in (observed.summary_lines(doc) + critical_path.summary_lines(doc)
                  + ranks.summary_lines(doc) + device_memory.summary_lines(doc)):

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from moetune.analyzer.contract import effective_args, thaw
+from moetune.analyzer.contract import MISSING as CONTRACT_MISSING
+from moetune.analyzer.contract import effective_args, field_value, thaw
 from moetune.rules.load import WINDOW, Catalog, Knob, Rule, load_catalog
 
 from moetune import __version__
@@ -167,6 +168,8 @@ def _resolver(inp: _Inputs, overrides: Mapping[str, Any] | None = None) -> expr.
         if source == "metric":
             return window_s(inp.diagnosis) if path == WINDOW else lookup(inp.diagnosis, path)
         if source == "contract":
+            if (value := contract_value(inp.contract, path)) is not MISSING:
+                return value
             if path.split(".")[0] not in inp.contract:
                 return UNKNOWN  # the contract is silent about this section
             return lookup(inp.contract, path)
@@ -184,6 +187,13 @@ def _resolver(inp: _Inputs, overrides: Mapping[str, Any] | None = None) -> expr.
 # ----------------------------------------------------------------------------- legality
 
 
+def contract_value(contract: Mapping[str, Any], path: str) -> Any:
+    """A contract field, or the `megatron_args` value it mirrors (analyzer.contract.field_value);
+    MISSING when the contract has neither."""
+    value = field_value(contract, path)
+    return MISSING if value is CONTRACT_MISSING else value
+
+
 def scaled_target(change: Mapping[str, Any], current: Any, contract: Mapping[str, Any]
                   ) -> tuple[Any, str | None, str | None]:
     """(concrete target, why it does not apply, caveat). A `scale` rule multiplies the current
@@ -195,8 +205,8 @@ def scaled_target(change: Mapping[str, Any], current: Any, contract: Mapping[str
     lim = change.get("at_most")
     if not lim:
         return target, None, None
-    of = lookup(contract, lim["of"])
-    per = lookup(contract, lim["per"]) if lim.get("per") else 1
+    of = contract_value(contract, lim["of"])
+    per = contract_value(contract, lim["per"]) if lim.get("per") else 1
     bound = f"{lim['of']} / {lim.get('per', '1')}"
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (of, per)):
         return target, None, f"unverified: {change['knob']} {target} must divide {bound} (not in the contract)"
@@ -407,6 +417,9 @@ def recommend(
     blocked: list[dict[str, Any]] = []
     quiet: list[dict[str, Any]] = []
     prerequisites: list[dict[str, Any]] = []
+    failed: dict[str, list[expr.Observation]] = {}  # quiet rules' false predicates, for none_because
+    fired_rules: list[tuple[Rule, dict[str, Any]]] = []
+    blocked_rules: list[tuple[Rule, dict[str, Any]]] = []
     env_only = environment_reasons(catalog)
     for rule in rules.values():
         assert_single_change(rule, catalog)
@@ -417,6 +430,10 @@ def recommend(
             unknown = sorted({o.predicate.describe() for o in observations if o.result is None})
             reason = "condition not met" if verdict is False else "inputs missing: " + ", ".join(unknown)
             quiet.append({**head, "quiet": spec["quiet"], "reason": reason})
+            if verdict is False:  # the top-level predicates that failed (not those in an `any`)
+                top = rule.when.children if isinstance(rule.when, expr.Node) else (rule.when,)
+                failed[rule.id] = [o for o in observations
+                                   if o.result is False and any(o.predicate is c for c in top)]
             continue
         change = spec["change"]
         knob = catalog.knobs[change["knob"]]
@@ -433,6 +450,8 @@ def recommend(
         if target != change["to"]:  # every later step sees the concrete change
             rule = replace(rule, spec={**spec, "change": {**change, "to": target}})
             change = rule.spec["change"]
+        rule = best_variant(rule, diagnosis, contract)
+        change, spec = rule.spec["change"], rule.spec
         if all(expr._norm(inp.value(n)) == expr._norm(v) for n, v in _changed(rule).items()):
             reasons.append(f"{knob.name} is already {change['to']!r}")
         illegal, caveats = legality(rule, inp)
@@ -454,6 +473,7 @@ def recommend(
                            "(pass --allow-non-equivalent to see it)")
         if reasons:
             blocked.append({**head, "change": _change_doc(rule, knob, current), "reasons": reasons})
+            blocked_rules.append((rule, blocked[-1]))
             continue
         rec = _recommendation(rule, knob, current, current_from, catalog, diagnosis,
                               observations, caveats, equivalent, eq_note, inp.verdicts)
@@ -462,6 +482,8 @@ def recommend(
             rec["caveats"].append(f"predicted not to fit: {rec['memory']['basis']}; peak "
                                   f"{rec['memory']['peak_gib']} GiB of {rec['memory']['capacity_gib']}")
         fired.append(rec)
+        fired_rules.append((rule, rec))
+    _link_unlocks(fired_rules, blocked_rules, inp, diagnosis)
     # changes predicted not to fit go below those that fit (shown, never dropped)
     fired.sort(key=lambda r: ((r["memory"] or {}).get("fits") is False, -r["score"],
                               _RISK[r["risk"]["level"]], r["rule"]))
@@ -486,10 +508,58 @@ def recommend(
         "quiet_count": len(quiet),
     }
     if not fired:
-        doc["none_because"] = _none_because(diagnosis, quiet, blocked, prerequisites)
+        doc["none_because"] = _none_because(diagnosis, quiet, blocked, prerequisites, failed,
+                                            inp.verdicts)
     if options.show_quiet:
         doc["quiet"] = quiet
     return doc
+
+
+def _link_unlocks(fired: list[tuple[Rule, dict[str, Any]]],
+                  blocked: list[tuple[Rule, dict[str, Any]]], inp: _Inputs,
+                  diagnosis: Mapping[str, Any]) -> None:
+    """A recommended change that lifts every constraint blocking another rule's change (e.g.
+    recompute off, which local CUDA graphs require) names it under `unlocks`, with the gain the
+    unlocked change is predicted to bring; the blocked entry names it under `unlocked_by`. The
+    loop then values the enabler for what it makes possible, not only for its own gain."""
+    for b_rule, b_entry in blocked:
+        for f_rule, f_rec in fired:
+            both = {**_changed(f_rule), **(b_rule.spec["change"].get("with") or {})}
+            combined = replace(b_rule, spec={**b_rule.spec, "change": {
+                **b_rule.spec["change"], "with": both}})
+            reasons, _ = legality(combined, inp)
+            if reasons:
+                continue
+            gain = _round(predict_gain(b_rule, diagnosis))
+            f_rec.setdefault("unlocks", []).append(
+                {"rule": b_rule.id, "change": b_entry["change"], "gain": gain})
+            b_entry.setdefault("unlocked_by", []).append(f_rule.id)
+
+
+def best_variant(rule: Rule, diagnosis: Mapping[str, Any], contract: Mapping[str, Any]) -> Rule:
+    """A rule whose gain names several what-if transforms (e.g. micro-batch ×2, ×4, ×8) becomes
+    the variant of the best replayed gain among those predicted to fit in memory, its change's
+    target the one that transform modelled. The first (smallest) step is always a candidate; a
+    larger one only when the memory model prices it as fitting (unknown is not a licence to
+    jump). Without estimates, the first transform names the fallback."""
+    gain = rule.spec["expected_gain"]
+    ids = gain.get("whatif")
+    if not isinstance(ids, list):
+        return rule
+    variants = []
+    for i, tid in enumerate(ids):
+        est = lookup(diagnosis, f"whatif.transforms.{tid}")
+        if not isinstance(est, Mapping) or not _num(lookup(est, "speedup.mid")) \
+                or est.get("to") is None:
+            continue
+        v = replace(rule, spec={**rule.spec, "change": {**rule.spec["change"], "to": est["to"]},
+                                "expected_gain": {**gain, "whatif": tid}})
+        mem = memory_prediction(v, diagnosis, contract)
+        fits = (mem or {}).get("fits") is not False if i == 0 else bool(mem and mem["fits"])
+        variants.append((fits, est["speedup"]["mid"] if fits else -i, v))
+    if not variants:
+        return replace(rule, spec={**rule.spec, "expected_gain": {**gain, "whatif": ids[0]}})
+    return max(variants, key=lambda x: (x[0], x[1]))[2]
 
 
 def memory_prediction(rule: Rule, diagnosis: Mapping[str, Any], contract: Mapping[str, Any]
@@ -517,20 +587,42 @@ def memory_prediction(rule: Rule, diagnosis: Mapping[str, Any], contract: Mappin
 
 
 def _none_because(diagnosis: Mapping[str, Any], quiet: list[dict[str, Any]],
-                  blocked: list[dict[str, Any]], prerequisites: list[dict[str, Any]]) -> str:
-    """Why no change is recommended, from the rules of the wall that dominates the step."""
+                  blocked: list[dict[str, Any]], prerequisites: list[dict[str, Any]],
+                  failed: Mapping[str, list[expr.Observation]] | None = None,
+                  verdicts: Mapping[str, str] | None = None) -> str:
+    """Why no change is recommended, from the rules of the wall that dominates the step: each
+    quiet rule by the first measured fact that kept it quiet; and first, claims the audit
+    contradicts (the rules read the contract's settings, which the trace then disproves)."""
     wall = diagnosis.get("dominant_wall")
     share = lookup(diagnosis, f"walls.{wall}") if wall else None
     head = f"the step is {share:.0%} {wall}" if _num(share) else "no dominant wall is known"
+    false_claims = sorted(a for a, v in (verdicts or {}).items() if v == "contradicted")
+    if false_claims:
+        head += (f"; the audit contradicts the contract's {', '.join(false_claims)}: fix the claim "
+                 "(or the launch, so that it runs) first, since the rules read the contract's "
+                 "settings")
     if prerequisites:
         return f"{head}; every change that applies needs the environment changed first (prerequisites)"
     if blocked:
         return f"{head}; the changes that apply are blocked (see blocked)"
     mine = [q for q in quiet if q["wall"] == wall]
-    reasons = sorted({q["reason"] for q in mine})[:3]
+    reasons = [f"{q['rule']}: {_quiet_fact((failed or {}).get(q['rule'], []), q['reason'])}"
+               for q in mine][:4]
     if not reasons:
         return f"{head}; no rule in the catalog targets it"
     return f"{head}; its rules do not apply: " + "; ".join(reasons)
+
+
+def _quiet_fact(observations: list[expr.Observation], reason: str) -> str:
+    """The first false predicate of a quiet rule with the value it saw (`walls.compute is 0.63,
+    needs >= 0.75`), else the engine's reason (inputs missing, from-value mismatch)."""
+    for o in observations:
+        p = o.predicate
+        if p.source in ("metric", "knob", "contract", "fact", "audit") and o.actual is not None:
+            lhs = p.path + (f"/{p.of}" if p.of else "")
+            seen = round(o.actual, 4) if isinstance(o.actual, float) else o.actual
+            return f"{lhs} is {seen!r}, needs {p.op} {p.value!r}"
+    return reason
 
 
 def environment_reasons(catalog: Catalog) -> frozenset[str]:

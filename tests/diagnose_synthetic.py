@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-from moetune.analyzer.frames import EVENTS_SCHEMA, RANKS_SCHEMA, Trace, conform
+from moetune.analyzer.frames import EVENTS_SCHEMA, RANKS_SCHEMA, Trace, conform, copy_mem_of_name
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
@@ -24,7 +24,10 @@ def launch(corr: int, ts: int, dur: int = 10, name: str = "cudaLaunchKernel", **
 
 
 def frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
-    return conform(pl.DataFrame(rows, infer_schema_length=None), EVENTS_SCHEMA)
+    """Rows as the readers give them: a copy's memory kind, unless given, is read from its name."""
+    df = conform(pl.DataFrame(rows, infer_schema_length=None), EVENTS_SCHEMA)
+    return df.with_columns(pl.when(pl.col("kind") == "memcpy").then(
+        pl.col("copy_mem").fill_null(copy_mem_of_name(pl.col("name")))).alias("copy_mem"))
 
 
 def trace(rows: list[dict[str, Any]], rank: int = 0, source: str = "synthetic.json") -> Trace:

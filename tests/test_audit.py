@@ -210,8 +210,9 @@ def test_alltoall_confirmed_on_real_nccl_all_to_all(corpus: Path) -> None:
     assert v["evidence"]["evidence.dispatcher.nccl_sendrecv_kernels"] == 35
     assert v["evidence"]["evidence.dispatcher.alltoall_host_calls"] == 96
     assert v["examples"][0]["name"] == "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)"
+    # the EP size decides what the dispatcher claim can show; the trace does not test it
     assert out["summary"] == {"confirmed": 1, "contradicted": 0, "unobservable": 0, "passed": True,
-                              "unaudited": []}
+                              "unaudited": ["expert_model_parallel_size"]}
 
 
 @pytest.mark.corpus
@@ -340,6 +341,61 @@ def test_deprecated_names_in_the_contract_are_audited_under_current_names(corpus
     assert list(out["contract"]) == ["file", "label", "warnings"]
 
 
+@pytest.mark.corpus
+@pytest.mark.parametrize("spelling", ["fp8_format", "fp8-format", "--fp8-format"])
+def test_flag_spellings_are_audited_under_the_argument(corpus: Path, spelling: str) -> None:
+    """`--fp8-format` sets Megatron's `fp8` (dest='fp8'): every spelling of the flag is that
+    claim, contradicted by the BF16 GEMMs, never passed as a claim about nothing."""
+    out = run_audit(corpus, QWEN05B, {spelling: "e4m3"})
+    assert out["verdicts"]["fp8"]["verdict"] == "contradicted"
+    assert out["verdicts"]["fp8"]["claimed"] == {"fp8": "e4m3"}
+    assert out["summary"]["passed"] is False and out["summary"]["unaudited"] == []
+    assert f'megatron_args.{spelling}: flag spelling; read as fp8 = "e4m3"' in out["warnings"]
+
+
+def test_flag_spellings_follow_the_knob_catalog() -> None:
+    from moetune import knobs
+
+    cat = knobs.load()
+    for k in cat.knobs.values():
+        if k.kind == "arg" and k.flag:
+            for spelled in (k.flag, k.flag[2:], k.flag[2:].replace("-", "_")):
+                assert knobs.spelling_of(spelled, cat) == (k.name, False), spelled
+        if k.negative_flag and k.type == "bool":
+            assert knobs.spelling_of(k.negative_flag, cat) == (k.name, True)
+    assert knobs.normalize_args({"--no-overlap-p2p-communication": True})[0] == {"overlap_p2p_comm": False}
+    assert knobs.spelling_of("--fp8-margin", cat) == ("fp8_margin", False)  # Megatron's own dest
+
+
+def test_flag_spelling_problems_in_the_contract() -> None:
+    from moetune.analyzer.contract import check_contract
+
+    def problems(margs: dict) -> list[tuple[str, str, str]]:
+        return [(p.severity, p.path, p.message) for p in check_contract({"megatron_args": margs})]
+
+    assert problems({"--fp8-format": "e5m2"}) == [
+        ("error", "megatron_args.--fp8-format", "flag spelling of fp8: fp8 must be one of ['e4m3', 'hybrid']; got 'e5m2'")]
+    assert problems({"fp8_format": "e4m3", "fp8": "hybrid"}) == [
+        ("error", "megatron_args.fp8_format", '"e4m3" disagrees with megatron_args.fp8 = "hybrid"')]
+    assert problems({"moe-grouped-gemm": True}) == [
+        ("warning", "megatron_args.moe-grouped-gemm", "flag spelling; read as moe_grouped_gemm = true")]
+
+
+@pytest.mark.corpus
+def test_unaudited_claims_are_listed_by_name(corpus: Path) -> None:
+    """Every claim no verdict covers is named: knob-catalog settings and unknown (misspelt) names;
+    model shape arguments describe the run and are not claims about a backend."""
+    from moetune.commands.audit import render
+
+    margs = {"fp8": None, "manual_gc": True, "fp8_fromat": "e4m3", "num_layers": 24,
+             "tensor_model_parallel_size": 1}
+    out = run_audit(corpus, QWEN05B, margs)
+    assert list(out["verdicts"]) == ["fp8"]
+    assert out["summary"]["unaudited"] == ["fp8_fromat", "manual_gc", "tensor_model_parallel_size"]
+    assert ("not audited (3: no signature tests these claims): fp8_fromat, manual_gc, "
+            "tensor_model_parallel_size") in render(out).splitlines()
+
+
 # --- CLI ---------------------------------------------------------------------------------------
 
 
@@ -362,6 +418,10 @@ def test_cli_exit_codes_and_json(corpus: Path, tmp_path: Path) -> None:
     r = cli("audit", "--contract", str(bad), str(corpus / QWEN05B))
     assert r.returncode == 1
     assert r.stdout.splitlines()[1].startswith("CONTRADICTED  fp8 = e4m3  — FP8 GEMMs")
+    flag = tmp_path / "flag.yaml"
+    flag.write_text("megatron_args: {--fp8-format: e4m3}\n")
+    r = cli("audit", "--contract", str(flag), str(corpus / QWEN05B))
+    assert r.returncode == 1 and "CONTRADICTED  fp8 = e4m3" in r.stdout
 
 
 def test_cli_bad_input_exits_2(tmp_path: Path) -> None:

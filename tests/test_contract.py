@@ -259,3 +259,55 @@ def test_cli_check_json_and_bad_input(tmp_path: Path) -> None:
     r = cli("contract", "check", str(p))
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("moetune: ")
+
+
+# --------------------------------------------------------------- a contract of only megatron_args
+
+
+def test_field_value_reads_the_argument_a_section_field_mirrors() -> None:
+    from moetune.analyzer.contract import MISSING, field_value
+
+    only_args = {"megatron_args": {"global_batch_size": 64, "data_parallel_size": 2}}
+    assert field_value(only_args, "shape.global_batch_size") == 64
+    assert field_value(only_args, "parallelism.dp") == 2
+    assert field_value(only_args, "shape.seq_length") is MISSING
+    both = {"shape": {"global_batch_size": 32}, **only_args}  # the section field wins
+    assert field_value(both, "shape.global_batch_size") == 32
+    assert field_value({"label": "benchmark-only"}, "label") == "benchmark-only"
+
+
+def test_micro_batch_bound_from_megatron_args_only_contract() -> None:
+    """`host.larger-micro-batch`'s bound (GBS / DP) from `megatron_args` alone: checked, not
+    "not in the contract"."""
+    from moetune.rules.engine import scaled_target
+
+    change = {"knob": "micro_batch_size", "to": 2, "scale": 2,
+              "at_most": {"of": "shape.global_batch_size", "per": "parallelism.dp"}}
+    margs = {"megatron_args": {"global_batch_size": 16, "data_parallel_size": 2}}
+    assert scaled_target(change, 2, margs) == (4, None, None)
+    assert scaled_target(change, 4, margs)[:2] == (8, None)  # 8 divides 16 / 2
+    target, why, _ = scaled_target(change, 8, margs)
+    assert target is None and "does not fit shape.global_batch_size / parallelism.dp = 8" in why
+    assert "(not in the contract)" in scaled_target(change, 2, {})[2]
+
+
+def test_recommend_text_names_an_unlabelled_contract() -> None:
+    from moetune.commands.recommend import render
+
+    doc = {"diagnosis": {"step_time_s": 1.0, "dominant_wall": "host"}, "recommendations": [],
+           "contract_label": None, "blocked": [], "quiet_count": 0, "rules_checked": 0}
+    head = lambda text: text.splitlines()[0]  # noqa: E731
+    assert head(render(doc, contract="runs/c.yaml")).endswith("· contract c.yaml (unlabelled)")
+    assert head(render(doc)).endswith("· contract none")
+    labelled = {**doc, "contract_label": "benchmark-only"}
+    assert head(render(labelled, contract="c.yaml")).endswith("· contract benchmark-only")
+
+
+def test_diagnose_next_hint_names_the_contract_given() -> None:
+    given = "fixtures/contracts/mcore_h200_hostbound.yaml"  # the default trace's own run
+    r = cli("diagnose", "--contract", given)
+    assert r.returncode == 0, r.stderr
+    hint = next(ln for ln in r.stderr.splitlines() if ln.startswith("next:"))
+    assert "--contract FILE" not in hint and hint.count(given) == 2
+    r = cli("diagnose")
+    assert "--contract FILE" in next(ln for ln in r.stderr.splitlines() if ln.startswith("next:"))

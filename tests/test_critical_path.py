@@ -142,3 +142,72 @@ def test_diagnose_hook_agrees_with_walls() -> None:
     assert bl["communication_busy_s"] == pytest.approx(wd["busy_s"], abs=1e-9)
     assert doc["critical_path"]["length_s"] == pytest.approx(doc["step_time_s"], abs=1e-9)
     assert "ranks" not in doc  # one rank
+
+
+def _paced_trace(tmp: Path, *, cpu_us: int, gpu_us: int, n: int = 40) -> Path:
+    """A Kineto trace of one ProfilerStep: the CPU works `cpu_us` between kernel launches, each
+    kernel runs `gpu_us` on one stream (shaped like the writer's: launch rows on the Python
+    thread, kernels on stream 7 with the launch's correlation)."""
+    import json
+
+    t0, ev, gpu_free = 1_700_000_000_000_000, [], 0
+    t = t0 + 10
+    for i in range(1, n + 1):
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 4242,
+                   "tid": 4242, "ts": t, "dur": 5, "args": {"External id": i, "correlation": i}})
+        start = max(t + 8, gpu_free)
+        ev.append({"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n",
+                   "pid": 0, "tid": 7, "ts": start, "dur": gpu_us,
+                   "args": {"External id": i, "device": 0, "context": 1, "stream": 7, "correlation": i}})
+        gpu_free = start + gpu_us
+        t += 5 + cpu_us
+    end = max(gpu_free, t) + 5
+    ev.insert(0, {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 4242,
+                  "tid": 4242, "ts": t0, "dur": end - t0, "args": {}})
+    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1},
+           "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "computeMajor": 9,
+                                 "computeMinor": 0, "numSms": 132}], "traceEvents": ev}
+    path = tmp / f"paced_{cpu_us}_{gpu_us}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_host_paced_path_beside_a_busy_gpu_recovers_only_the_gpu_idle(tmp_path: Path) -> None:
+    """The CPU launches a 1000 µs kernel every 1010 µs: the CPU's chain sets the step length (the
+    path is host-paced), but the GPU is busy 99 % of the step, so a faster host can save only
+    the GPU's idle 10 µs per kernel (+1 %), never ">10×"."""
+    sec = critical_path_section(load_trace([_paced_trace(tmp_path, cpu_us=1005, gpu_us=1000)]))
+    cp = sec["critical_path"]
+    t = cp["length_s"]
+    assert cp["paced_by"] == "host"
+    assert cp["path_s"]["host"] > 0.9 * t
+    assert cp["host_gpu_busy_s"] == pytest.approx(cp["path_s"]["host"] - cp["recoverable_s"]["host"])
+    assert cp["recoverable_s"]["host"] < 0.02 * t
+    assert cp["gain_ceiling"]["host"] < 0.02
+    lines = summary_lines({**sec, "dominant_wall": "compute"})
+    assert "host-paced" in lines[0] and "with the GPU idle (ceiling +1 %)" in lines[0]
+    assert lines[1].startswith("  host-paced: the CPU issues work slower than the GPU runs it")
+    assert "the rules read them" in lines[2] and "what-if estimates replay its graph" in lines[2]
+
+
+def test_gpu_paced_path_when_the_cpu_runs_ahead(tmp_path: Path) -> None:
+    """The CPU queues every kernel long before it runs: the GPU chain sets the step (device-
+    paced), compute is the path, and no views note is printed beside a compute wall."""
+    sec = critical_path_section(load_trace([_paced_trace(tmp_path, cpu_us=20, gpu_us=1000)]))
+    cp = sec["critical_path"]
+    assert cp["paced_by"] == "device"
+    assert cp["path_s"]["compute"] == pytest.approx(cp["recoverable_s"]["compute"])
+    assert cp["path_s"]["compute"] > 0.95 * cp["length_s"]
+    assert len(summary_lines({**sec, "dominant_wall": "compute"})) == 1
+
+
+def test_corpus_healthy_nsys_is_not_host_ceiling_bound(corpus: Path) -> None:
+    """nsysai_synthetic_healthy: 400 × 1 ms kernels, 99 % compute; each launch follows the last
+    kernel's end by 7 µs, so the path runs through the host, beside the busy GPU."""
+    path = corpus / "public/nsys/nsysai_synthetic_healthy.sqlite"
+    if not path.exists():
+        pytest.skip("corpus file absent")
+    cp = critical_path_section(load_trace([path]))["critical_path"]
+    assert cp["paced_by"] == "host"
+    assert cp["host_gpu_busy_s"] == pytest.approx(0.399, abs=2e-3)
+    assert cp["gain_ceiling"]["host"] < 0.02  # was +10,000 %: T/(T − path host) − 1

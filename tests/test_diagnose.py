@@ -157,7 +157,12 @@ def test_side_by_side_orchestration_equals_the_functions_in_order(rel) -> None:
     from moetune.analyzer.observed import gpu_facts, observe
     from moetune.analyzer.readers import load_trace
     from moetune.analyzer.steps import find_steps
-    from moetune.analyzer.walls import attribute_walls, recompute_launches
+    from moetune.analyzer.walls import (
+        attribute_walls,
+        recompute_evidence,
+        recompute_launches,
+        recompute_ops,
+    )
 
     path = FIXTURES / rel
     tr = load_trace([path])
@@ -165,7 +170,8 @@ def test_side_by_side_orchestration_equals_the_functions_in_order(rel) -> None:
     events = classify(tr.events)
     steps = find_steps(events)
     per_step = attribute_walls(events, steps.table, recompute=recompute_launches(events))
-    observed, evidence = observe(gpu_facts(events, steps.table, comms=tr.comms), per_step)
+    observed, evidence = observe(gpu_facts(events, steps.table, comms=tr.comms), per_step,
+                                 recompute=recompute_evidence(recompute_ops(events), steps.table))
     assert doc["per_step"] == normalize(_per_step_rows(per_step))
     assert doc["observed"] == normalize(observed)
     assert {k: doc["evidence"][k] for k in evidence} == normalize(evidence)

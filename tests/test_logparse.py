@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from moetune.executor.logparse import parse_file, parse_text, split_prefix, steady
+from moetune.executor.logparse import iteration_args, parse_file, parse_text, split_prefix, steady
 from moetune.executor.workloads import megatron_log as mlog
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
@@ -99,3 +99,23 @@ def test_nan_values_and_steady_window() -> None:
     it = parse_text(text).iterations
     assert math.isnan(it.filter(it["iteration"] == 3).item(0, "lm_loss"))
     assert steady(it, first=2, last=3).get_column("iteration").to_list() == [2, 3]
+
+
+def test_theoretical_memory_lines_real_forms() -> None:
+    """Megatron-LM's `report_theoretical_memory`: weight and optimizer only (the formula's
+    preconditions unmet) and the three-figure form, on real public log excerpts; a log without
+    the line has an empty frame, not zeros."""
+    full = parse_file(LOGS / "real_gnosia93_slurm_gpt70b.log").theoretical_memory
+    assert full.rows() == [(None, 35695.42, 86554.12, 122249.54)]
+    short = parse_file(LOGS / "real_seunghyunseo_moe_ep4.log")
+    assert short.theoretical_memory.rows() == [(None, 31292.23, None, None)]
+    assert short.memory.height == 1  # the memory line right after it is still read
+    ranked = parse_text("[default3]:Theoretical memory footprints: weight and optimizer=10.50 MB\n")
+    assert ranked.theoretical_memory.rows() == [(3, 10.5, None, None)]
+    assert parse_file(LOGS / "megatron_oom.log").theoretical_memory.height == 0
+
+
+def test_iteration_args_last_line_wins() -> None:
+    its = parse_file(LOGS / "real_seunghyunseo_moe_ep4.log").iterations
+    assert iteration_args(its) == {"global_batch_size": 64, "train_iters": 40000}
+    assert iteration_args(parse_text("no iterations\n").iterations) == {}

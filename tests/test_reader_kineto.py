@@ -527,7 +527,9 @@ def test_graph_replay_ids(tmp_path: Path) -> None:
 
 def test_two_files_two_ranks(corpus: Path) -> None:
     k = corpus / "public" / "kineto"
-    t = load_trace([k / "hta_cuda_event_sync.json.gz", k / "hta_cpu_only.json.gz"])
+    # two unrelated public traces (captured months apart): merged only when asked
+    t = load_trace([k / "hta_cuda_event_sync.json.gz", k / "hta_cpu_only.json.gz"],
+                   allow_mixed_runs=True)
     assert t.ranks.get_column("rank").to_list() == [0, 34]
     assert t.events.group_by("rank").len().sort("rank").rows() == [(0, 35), (34, 18)]
     assert t.events.schema == EVENTS_SCHEMA and t.comms.schema == COMMS_SCHEMA
@@ -544,9 +546,9 @@ def test_rank_files_read_side_by_side_same_as_one_by_one(
     files = [k / "hta_cuda_event_sync.json.gz", k / "hta_cpu_only.json.gz",
              k / "hta_mi250_minitoy.json.gz", k / "hta_a100_alltoall_rank3of8.json.gz"]
     monkeypatch.setattr(readers, "cpu_count", lambda: 4)
-    many = load_trace(files)
+    many = load_trace(files, allow_mixed_runs=True)  # unrelated public traces, as asked
     monkeypatch.setattr(readers, "cpu_count", lambda: 1)
-    one = load_trace(files)
+    one = load_trace(files, allow_mixed_runs=True)
     assert all(a.equals(b) for a, b in zip(
         (many.events, many.comms, many.flows, many.ranks, many.memory),
         (one.events, one.comms, one.flows, one.ranks, one.memory), strict=True))

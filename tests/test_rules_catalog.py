@@ -182,3 +182,43 @@ def test_no_recommendation_says_why() -> None:
     doc = result("healthy")
     assert doc["recommendations"] == []
     assert doc["none_because"].startswith("the step is 72% compute")
+
+
+def test_none_because_names_the_fact_that_kept_each_rule_quiet() -> None:
+    """Nothing applies to an elementwise-heavy step whose loss is fused already: none_because says
+    which measured value or setting kept each of the dominant wall's rules quiet."""
+    doc = result("elementwise_heavy_ce_fused")
+    assert doc["recommendations"] == []
+    why = doc["none_because"]
+    assert why.startswith("the step is 74% compute; its rules do not apply: ")
+    assert "compute.cross-entropy-fusion: cross_entropy_loss_fusion is True, needs == False" in why
+    assert "condition not met" not in why
+
+
+def test_none_because_puts_a_contradicted_claim_first() -> None:
+    s = load("healthy")
+    audit = {"verdicts": {**s["audit"]["verdicts"], "moe_grouped_gemm": "contradicted"}}
+    doc = recommend(RULES, s["diagnosis"], s["contract"], audit, catalog=CATALOG_KNOBS)
+    assert doc["recommendations"] == []
+    assert doc["none_because"].startswith(
+        "the step is 72% compute; the audit contradicts the contract's moe_grouped_gemm: fix the "
+        "claim (or the launch, so that it runs) first")
+
+
+def test_compute_coverage_rules_on_real_h200_trace() -> None:
+    """fixtures/traces/gpu_mcore_computebound (real H200, local spec): elementwise/reduce kernels
+    are 30 % of the window, so a Megatron contract with the loss unfused gets the fusion; its
+    GEMMs average 166 µs, so the small-GEMM rule stays quiet."""
+    from moetune.analysis import analyze
+
+    trace = ROOT / "fixtures" / "traces" / "gpu_mcore_computebound" / "trace.json.gz"
+    if not trace.exists():
+        pytest.skip("trace absent")
+    from moetune.analyzer.contract import contract_from_doc
+
+    contract = contract_from_doc({"megatron_args": {"cross_entropy_loss_fusion": False}})
+    diagnosis = analyze([trace], None, audit=False).diagnosis
+    doc = recommend(RULES, diagnosis, contract.raw, None, options=Options(show_quiet=True),
+                    catalog=CATALOG_KNOBS)
+    assert "compute.cross-entropy-fusion" in ids(doc, "recommendations")
+    assert "compute.small-gemm-micro-batch" in ids(doc, "quiet")

@@ -176,12 +176,29 @@ def test_calibration_reorders_and_non_fitting_changes_go_last() -> None:
     assert cands[2]["memory"]["fits"] is False
 
 
+def test_an_enabler_is_ordered_by_what_it_unlocks() -> None:
+    from moetune.executor.loop import candidate_changes
+
+    graphs = {"rule": "host.cuda-graphs-local", "change": {"knob": "cuda_graph_impl"},
+              "gain": {"speedup": {"mid": 0.25}}}
+    enabler = _rec("memory.recompute-off", "recompute_granularity", None, 0.05)
+    enabler.entry["unlocks"] = [graphs]  # type: ignore[index]
+    other = _rec("host.manual-gc", "manual_gc", True, 0.2)
+    out = candidate_changes([other, enabler], [])
+    assert [c["source"] for c in out] == ["memory.recompute-off", "host.manual-gc"]
+    assert out[0]["value"] == pytest.approx(1.05 * 1.25 - 1)
+    assert out[0]["predicted_gain"] == pytest.approx(0.05)  # its own, for calibration
+    assert out[0]["unlocks"] == ["host.cuda-graphs-local"]
+
+
 def test_one_screen_pair_decides_only_a_clear_win() -> None:
     from moetune.executor.loop import _separated
 
     a = {"step_ms": 100.0, "step_ms_all": [98.0, 100.0, 103.0, 100.0]}
     clear = {"step_ms": 50.0, "step_ms_all": [49.0, 50.0, 52.0, 50.0]}
-    assert _separated(a, clear) == pytest.approx(0.06)  # the runs' own spread is the noise band
+    # twice the standard error of the medians' ratio: IQRs 3.75 % and 4.5 % of the medians, n 4
+    se = [1.2533 * iqr / 1.349 / 2 for iqr in (0.0375, 0.045)]
+    assert _separated(a, clear) == pytest.approx(2 * (se[0] ** 2 + se[1] ** 2) ** 0.5)
     overlap = {"step_ms": 60.0, "step_ms_all": [55.0, 60.0, 99.0, 60.0]}
     small = {"step_ms": 90.0, "step_ms_all": [89.0, 90.0, 91.0, 90.0]}
     slower = {"step_ms": 150.0, "step_ms_all": [149.0, 150.0, 151.0, 150.0]}

@@ -90,6 +90,30 @@ def test_decide_paths() -> None:
     assert crashed["cause"] == "confirm candidate: oom"
 
 
+def test_an_enabler_is_kept_when_not_measurably_slower() -> None:
+    """Recompute off measured +8.1 % against a 10 % noise band on the H200 (bench/grid/tune):
+    rejected on its own, kept when it unlocks local CUDA graphs; a measured loss is never kept."""
+    pol = Policy()
+    screen = screen_stats([100, 104, 96], [92, 95, 96])  # +5 %, noise band 8 %
+    base = _metrics({2: 5.0, 3: 4.9}, 46.8)
+    cand = _metrics({2: 5.0, 3: 4.9}, 45.0)  # +4 %: inside the band
+    alone = decide(screen=screen, confirm_base=base, confirm_cand=cand, audit=None, policy=pol)
+    assert alone["verdict"] == "rejected" and "within noise" in alone["cause"]
+    kept = decide(screen=screen, confirm_base=base, confirm_cand=cand, audit=None, policy=pol,
+                  unlocks=["host.cuda-graphs-local"])
+    assert kept["verdict"] == "accepted" and kept["enables"] == ["host.cuda-graphs-local"]
+    assert kept["proof"].startswith("enabler")
+    slower = decide(screen=screen, confirm_base=base, confirm_cand=_metrics({2: 5.0, 3: 4.9}, 52.0),
+                    audit=None, policy=pol, unlocks=["host.cuda-graphs-local"])
+    assert slower["verdict"] == "rejected"  # −10 %: measurably slower than the baseline
+    loss = screen_stats([100, 101, 100], [120, 121, 119])
+    assert decide(screen=loss, confirm_base=None, confirm_cand=None, audit=None, policy=pol,
+                  unlocks=["x"])["verdict"] == "rejected"  # the screen alone decides a loss
+    ran_not = decide(screen=screen, confirm_base=base, confirm_cand=cand, policy=pol,
+                     audit={"verdict": "contradicted"}, unlocks=["x"])
+    assert ran_not["verdict"] == "rejected"
+
+
 def test_run_metrics_causes() -> None:
     oom = parse_file(LOGS / "megatron_oom.log")
     assert run_metrics(oom, RunResult(1, False, 2.0, Path("l")), Window(2, 5))["cause"] == "oom"

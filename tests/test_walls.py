@@ -59,6 +59,38 @@ def test_recompute_moves_exposed_time_to_memory() -> None:
     assert sum(fractions(s2).values()) == pytest.approx(1.0)
 
 
+def offload_rows(dtoh: str, htod: str | None) -> list:
+    """Step 1 [0, 1000): GEMM [100, 300); 2 MiB DtoH [250, 450) (50 under the GEMM); a 4-byte
+    DtoH [500, 510) (a `.item()`); 2 MiB HtoD [600, 700) when `htod`. Step 2 anchors the window."""
+    mib2 = 2 << 20
+    rows = [ev("annotation", "ProfilerStep#1", 0, 1000), ev("annotation", "ProfilerStep#2", 1000, 1000),
+            launch(1, 10), ev("kernel", GEMM, 100, 200, correlation=1),
+            launch(2, 200, name="cudaMemcpyAsync"),
+            ev("memcpy", f"Memcpy DtoH ({dtoh})", 250, 200, correlation=2, copy_kind="DtoH", bytes=mib2),
+            launch(3, 480, name="cudaMemcpyAsync"),
+            ev("memcpy", "Memcpy DtoH (Device -> Pageable)", 500, 10, correlation=3, copy_kind="DtoH", bytes=4),
+            launch(5, 1010), ev("kernel", GEMM, 1100, 100, correlation=5)]
+    if htod:
+        rows += [launch(4, 590, name="cudaMemcpyAsync"),
+                 ev("memcpy", f"Memcpy HtoD ({htod})", 600, 100, correlation=4, copy_kind="HtoD", bytes=mib2)]
+    return rows
+
+
+@pytest.mark.parametrize(("dtoh", "htod", "offload", "pageable"), [
+    ("Device -> Pageable", "Pageable -> Device", 250, 250),  # a round trip through pageable memory
+    ("Device -> Pinned", "Pinned -> Device", 250, 0),
+    ("Device -> Pinned", "Pageable -> Device", 250, 100),
+    ("Device -> Pageable", None, 0, 0),                     # one way: a checkpoint or a log, not offload
+])
+def test_offload_round_trips_are_memory_cost(dtoh, htod, offload, pageable) -> None:
+    ps, _ = walls_of(offload_rows(dtoh, htod))
+    s1 = ps.filter(pl.col("step") == 1).row(0, named=True)
+    # exposed: the copies outside the GEMM (150 of the DtoH, all 100 of the HtoD)
+    assert (s1["offload_exposed_ns"], s1["offload_pageable_exposed_ns"]) == (offload, pageable)
+    assert s1["mem_copy_exposed_ns"] == 150 + 10 + (100 if htod else 0)
+    assert s1["offload_busy_ns"] == (300 if offload else 0)
+
+
 KINDS = [("kernel", GEMM, None), ("kernel", NCCL, None), ("memcpy", "Memcpy HtoD (Pinned -> Device)", "HtoD")]
 gpu_ops = st.lists(
     st.tuples(st.integers(0, 2), st.integers(0, 3000), st.integers(1, 400), st.sampled_from([7, 20, 21])),

@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-import polars as pl
 from moetune.analyzer.frames import Trace, concat_traces
 from moetune.analyzer.readers.cores import cpu_count
 from moetune.analyzer.readers.kineto import read_kineto, trim_heap
 from moetune.analyzer.readers.nsys import read_nsys
+from moetune.analyzer.run_identity import one_run
 
 from moetune.errors import UserError
 
@@ -118,11 +118,12 @@ def open_bytes(path: Path) -> bytes:
         raise UserError(f"corrupt or truncated gzip ({exc})", path=path) from None
 
 
-def load_trace(paths: Sequence[str | Path]) -> Trace:
+def load_trace(paths: Sequence[str | Path], *, allow_mixed_runs: bool = False) -> Trace:
     """Read every path (files or directories of per-rank files) into one Trace.
 
     Ranks come from each file's own metadata where it has one; files without it are numbered in
-    the order given. Two files claiming the same rank is an error.
+    the order given. Files that cannot be ranks of one run (two claiming the same rank, capture
+    windows apart, …: `moetune.analyzer.run_identity`) are an error unless `allow_mixed_runs`.
     """
     files, skipped = expand_report(paths)
     formats = [sniff(f) for f in files]
@@ -143,11 +144,12 @@ def load_trace(paths: Sequence[str | Path]) -> Trace:
     for i, fmt in enumerate(formats):
         if fmt != "kineto":
             read[i] = read_nsys(files[i], first_rank=i)
-    trace = concat_traces([read[i] for i in range(len(files))])
-    _check_ranks(trace, files)
-    if skipped:
-        notes = tuple(f"{f}: skipped, a .json with no traceEvents (not a trace)" for f in skipped)
-        trace = replace(trace, warnings=notes + trace.warnings)
+    parts, mixed = one_run([read[i] for i in range(len(files))], files,
+                           allow_mixed=allow_mixed_runs)
+    trace = concat_traces(parts)
+    notes = tuple(f"{f}: skipped, a .json with no traceEvents (not a trace)" for f in skipped)
+    if notes or mixed:
+        trace = replace(trace, warnings=notes + mixed + trace.warnings)
     return trace
 
 
@@ -162,20 +164,3 @@ def _read_side_by_side(files: list[Path], ranks: list[int], workers: int, thread
         finally:
             for fut in futures.values():
                 fut.cancel()
-
-
-def _check_ranks(trace: Trace, files: list[Path]) -> None:
-    if len(files) < 2:
-        return
-    dup = (
-        trace.ranks.group_by("rank")
-        .agg(pl.col("source"))
-        .filter(pl.col("source").list.len() > 1)
-    )
-    if dup.height:
-        row = dup.row(0, named=True)
-        raise UserError(
-            f"rank {row['rank']} appears in several files ({', '.join(row['source'])}); "
-            "pass one file per rank",
-            path=row["source"][1],
-        )

@@ -52,6 +52,7 @@ from moetune.analyzer.frames import (
     RANKS_SCHEMA,
     Trace,
     conform,
+    copy_mem_of_name,
 )
 from moetune.analyzer.readers.cores import cpu_count
 
@@ -270,6 +271,7 @@ def read_kineto(path: Path, *, default_rank: int, threads: int | None = None) ->
             raw, side = _columns(doc.traceEvents, data)
     del data
     rank = _i32(doc.distributedInfo.rank if doc.distributedInfo else None)
+    declared = rank is not None  # run identity (analyzer/run_identity.py) trusts only these
     rank = default_rank if rank is None else rank
     base_ns = _as_int(doc.baseTimeNanoseconds) or 0
 
@@ -312,7 +314,7 @@ def read_kineto(path: Path, *, default_rank: int, threads: int | None = None) ->
     events = _events(timed.lazy(), rank)
     del timed, gpu, side  # before the comms and ranks frames are built: lower peak memory
     comms = _comms(meta, events, rank)
-    ranks = _ranks(dist, devices, events, rank, path)
+    ranks = _ranks(dist, devices, events, rank, path, declared=declared)
     return Trace(events=events, comms=comms, flows=flows, ranks=ranks, warnings=tuple(warnings),
                  memory=_memory(mem, rank))
 
@@ -351,9 +353,12 @@ def _decode_top(data: bytes | mmap.mmap, path: Path) -> tuple[_Doc | _RawDoc, li
     # Small files: one typed decode (the raw slices' extra pass would not pay for itself).
     decoder = _RAW_DOC_DECODER if len(data) > RAW_MIN_BYTES else _DOC_DECODER
     try:
-        return decoder.decode(data), []
-    except msgspec.DecodeError:  # includes ValidationError
-        return _decode(data, path)
+        try:
+            return decoder.decode(data), []
+        except msgspec.DecodeError:  # includes ValidationError
+            return _decode(data, path)
+    except RecursionError:  # msgspec's depth limit: a trace's events are flat, this is not one
+        raise UserError("is not a Kineto trace (JSON nested too deeply)", path=path) from None
 
 
 def _decode(data: bytes | mmap.mmap, path: Path) -> tuple[_Doc, list[str]]:
@@ -936,11 +941,14 @@ def _events(timed: pl.LazyFrame, rank: int) -> pl.DataFrame:
     # "Memcpy DtoH (Device -> Pageable)": the direction is chars 7-10 (a slice, not a regex).
     copy = pl.col("name").str.slice(7, 4)
     copy_kind = pl.when(copy.is_in(COPY_KINDS_IN_NAME)).then(copy).otherwise(pl.lit("other"))
+    # ... and its memory kinds are the parenthesised endpoints (CUPTI's labels, as nsys has them)
+    copy_mem_ = copy_mem_of_name(pl.col("name"))
     sync_kind = pl.col("name").replace_strict(
         SYNC_KIND_OF_NAME, default="other", return_dtype=pl.String
     )
     df = df.with_columns(
         _on_kind(df, "memcpy", copy_kind, EVENTS_SCHEMA["copy_kind"]).alias("copy_kind"),
+        _on_kind(df, "memcpy", copy_mem_, EVENTS_SCHEMA["copy_mem"]).alias("copy_mem"),
         _on_kind(df, "sync", sync_kind, EVENTS_SCHEMA["sync_kind"]).alias("sync_kind"),
     )
     # Non-strict: a device id beyond Int32 (a corrupt arg) reads as unknown, as `_i32` does. Built
@@ -1093,7 +1101,8 @@ def _overlaps_any(ann: pl.DataFrame, host: pl.DataFrame) -> pl.Series:
 
 
 def _ranks(
-    dist: _Dist | None, devices: list[_Device], events: pl.DataFrame, rank: int, path: Path
+    dist: _Dist | None, devices: list[_Device], events: pl.DataFrame, rank: int, path: Path,
+    *, declared: bool,
 ) -> pl.DataFrame:
     used = (
         events.filter(pl.col("kind").is_in(["kernel", "memcpy", "memset"]))
@@ -1119,6 +1128,7 @@ def _ranks(
         "clock_offset_ns": 0,
         "graph_trace_mode": "node",  # Kineto lists every graph-replayed kernel
         "device_memory_bytes": _as_int(dev.totalGlobalMem) if dev else None,
+        "rank_from": "distributedInfo" if declared else "file_order",
     }
     return pl.DataFrame([row], schema=RANKS_SCHEMA)
 

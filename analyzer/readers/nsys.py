@@ -12,7 +12,7 @@ Mapping (tables of the Nsight Systems SQLite export, NVIDIA Nsight Systems User 
 
 Ranks: one per (process, device) pair that ran GPU work, numbered from `first_rank` in
 (device, pid) order, unless every process carries an NCCL `ncclCommInitRank` payload naming its
-rank. GPU and sync rows have pid = device and tid = stream (as in Kineto); host rows keep the
+rank. A process that launched kernels but has no GPU row in the export is named in a warning. GPU and sync rows have pid = device and tid = stream (as in Kineto); host rows keep the
 host pid/tid (globalTid decoded as the Nsight Systems docs' SQLite examples do: pid =
 globalTid / 0x1000000 % 0x1000000, tid = globalTid % 0x1000000).
 """
@@ -36,6 +36,7 @@ from moetune.analyzer.frames import (
     RANKS_SCHEMA,
     Trace,
     conform,
+    copy_mem,
     empty,
 )
 from moetune.analyzer.readers.nsys_db import NSYS_MARKERS, Db
@@ -178,7 +179,8 @@ def _read(db: Db, path: Path, first_rank: int) -> Trace:
     sync = _syncs(db, runtime)
 
     real = _nccl_init_ranks(db)
-    pairs = _rank_pairs(gpu_all, real, first_rank)
+    pairs, named = _rank_pairs(gpu_all, real, first_rank)
+    unranked = _launched_without_gpu_rows(runtime, pairs)
     gpu_all = _rank_gpu(gpu_all, pairs)
     runtime = _rank_host(runtime, pairs, gpu_all)
     sync = _rank_sync(sync, pairs)
@@ -196,9 +198,13 @@ def _read(db: Db, path: Path, first_rank: int) -> Trace:
     del parts
 
     world = int(real["nranks"].max()) if real is not None and real.height else None
-    ranks = _ranks(db, pairs, path, mode, nccl=nccl, world=world)
+    ranks = _ranks(db, pairs, path, mode, nccl=nccl, world=world, named=named)
 
-    warnings: list[str] = []
+    warnings: list[str] = [
+        f"{path.name}: process {pid} launched {n:,} kernel(s) but the export holds none of its GPU "
+        "work (CUPTI records lost, or its kernels ran outside the capture): not analysed as a rank"
+        for pid, n in unranked
+    ]
     if mode == "graph" and replays:
         warnings.append(f"{path.name}: {GRAPH_MODE_WARNING}")
     if db.missing_tables:
@@ -396,7 +402,7 @@ def _memcpys(db: Db) -> pl.DataFrame:
     kind = pl.col("copy_id").replace_strict(COPY_KIND_BY_ID, default="other", return_dtype=pl.String)
     src = pl.col("src").replace_strict(mem, default=None, return_dtype=pl.String)
     dst = pl.col("dst").replace_strict(mem, default=None, return_dtype=pl.String)
-    df = df.with_columns(kind.alias("copy_kind")).with_columns(
+    df = df.with_columns(kind.alias("copy_kind"), copy_mem(src, dst).alias("copy_mem")).with_columns(
         # Kineto spelling: "Memcpy DtoH (Device -> Pageable)"
         pl.when(src.is_not_null() & dst.is_not_null())
         .then(pl.format("Memcpy {} ({} -> {})", pl.col("copy_kind"), src, dst))
@@ -573,9 +579,11 @@ def _nvtx(db: Db, strings: pl.DataFrame) -> pl.DataFrame:
 # --- ranks --------------------------------------------------------------------------------------
 
 
-def _rank_pairs(gpu: pl.DataFrame, real: pl.DataFrame | None, first_rank: int) -> pl.DataFrame:
-    """(hpid, device) → rank: NCCL's own rank when every pair has one, else numbered from
-    first_rank in (device, pid) order."""
+def _rank_pairs(gpu: pl.DataFrame, real: pl.DataFrame | None, first_rank: int
+                ) -> tuple[pl.DataFrame, bool]:
+    """(hpid, device) → rank: NCCL's own rank when every pair has one (True), else numbered from
+    first_rank in (device, pid) order (False). Every (process, device) pair with GPU work is a
+    rank: none is left out."""
     pairs = gpu.select("hpid", "device").unique().sort(["device", "hpid"], nulls_last=True)
     pairs = pairs.with_columns(
         (pl.int_range(pl.len(), dtype=pl.Int32) + first_rank).alias("rank")
@@ -584,8 +592,26 @@ def _rank_pairs(gpu: pl.DataFrame, real: pl.DataFrame | None, first_rank: int) -
         joined = pairs.join(real, on=["hpid", "device"], how="left", nulls_equal=True)
         if joined["nccl_rank"].is_not_null().all() and joined["nccl_rank"].n_unique() == len(joined):
             pairs = joined.with_columns(pl.col("nccl_rank").cast(pl.Int32).alias("rank"))
-            return pairs.drop("nccl_rank", "nranks")
-    return pairs
+            return pairs.drop("nccl_rank", "nranks"), True
+    return pairs, False
+
+
+LAUNCH_APIS = r"^cu(da)?(LaunchKernel|LaunchCooperativeKernel|GraphLaunch)"
+
+
+def _launched_without_gpu_rows(runtime: pl.DataFrame, pairs: pl.DataFrame) -> list[tuple[int, int]]:
+    """(pid, launches) of processes that launched kernels but have no GPU row in the export:
+    their host rows are dropped with the other GPU-less processes, so they are named instead."""
+    if not runtime.height or pairs["hpid"].is_null().all():
+        return []
+    # the process test first: the name pattern then runs on the few rows of GPU-less processes
+    lost = (
+        runtime.select("hpid", "name")
+        .filter(~pl.col("hpid").is_in(pairs["hpid"].drop_nulls().implode()))
+        .filter(pl.col("name").str.contains(LAUNCH_APIS))
+        .group_by("hpid").len().sort("hpid")
+    )
+    return [(int(h), int(n)) for h, n in lost.iter_rows() if h is not None]
 
 
 def _nccl_init_ranks(db: Db) -> pl.DataFrame | None:
@@ -713,7 +739,8 @@ def _graph_trace_mode(db: Db, kernels: pl.DataFrame, graphs: pl.DataFrame) -> st
 
 
 def _ranks(
-    db: Db, pairs: pl.DataFrame, path: Path, mode: str | None, *, nccl: bool, world: int | None
+    db: Db, pairs: pl.DataFrame, path: Path, mode: str | None, *, nccl: bool, world: int | None,
+    named: bool,
 ) -> pl.DataFrame:
     gpus = _gpu_info(db)
     offset = 0
@@ -741,6 +768,7 @@ def _ranks(
                 "clock_offset_ns": offset,
                 "graph_trace_mode": mode,
                 "device_memory_bytes": info.get("mem"),
+                "rank_from": "nccl" if named else "file_order",
             }
         )
     return conform(pl.DataFrame(rows, schema_overrides=dict(RANKS_SCHEMA)), RANKS_SCHEMA)

@@ -66,6 +66,9 @@ def render(doc: dict[str, Any]) -> str:
         f"{s['contradicted']} contradicted, {s['confirmed']} confirmed, {s['unobservable']} unobservable"
         + ("" if doc["verdicts"] else " (the contract claims nothing the audit tests)")
     )
+    if s.get("unaudited"):
+        lines.append(f"not audited ({len(s['unaudited'])}: no signature tests these claims): "
+                     + ", ".join(s["unaudited"]))
     lines += [f"warning: {w}" for w in doc.get("warnings", [])]
     return "\n".join(lines) + "\n"
 

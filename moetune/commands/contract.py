@@ -1,17 +1,22 @@
-"""`moetune contract check FILE [--strict]` and `moetune contract from-log LOG [-o FILE]`."""
+"""`moetune contract check FILE [--strict]` and `moetune contract from-log LOG [-o FILE] [--json]`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 import yaml
 
 from moetune.analyzer.contract import check_contract, read_document
-from moetune.analyzer.megatron_args import contract_from_log
+from moetune.analyzer.megatron_args import DUMP, SOURCES, LogContract, read_log
 from moetune.errors import GateFailed, UserError
+
+FROM_LOG_SCHEMA_ID = "moetune.contract-from-log/1"
+# Megatron-Bridge's own start-up output: a configuration summary instead of an argument dump
+_BRIDGE = ("Configuration Summary (Non-Default Values", "megatron.bridge", "megatron/bridge")
 
 
 class _NoAliases(yaml.SafeDumper):
@@ -35,9 +40,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--strict", action="store_true", help="demand the complete set of sections and fields"
     )
     check.add_argument("--json", action="store_true", help="print the problems as JSON")
-    from_log = sub.add_parser("from-log", help="contract YAML from a Megatron-LM log")
+    from_log = sub.add_parser(
+        "from-log", help="contract YAML from a Megatron-LM log",
+        description="Read a contract from a Megatron-LM log: its argument dump (or argument lines "
+        "without the dump's header), `using world size`, `using torch.* for parameters` and "
+        "`padded vocab` lines, the launcher's command line (`… pretrain_gpt.py --flag value …`) "
+        "and echoed flag variables (`MOE_ARGS: --num-experts 8 …`), in that precedence; the "
+        "iteration lines fill the global batch size and train_iters where nothing stated them.")
     from_log.add_argument("log", help="Megatron-LM stdout/stderr log (launcher prefixes are fine)")
     from_log.add_argument("-o", "--output", help="write the contract here instead of stdout")
+    from_log.add_argument("--json", action="store_true",
+                          help="print the contract, each argument's source and the log's "
+                          "evidence (theoretical memory) as JSON")
     return p
 
 
@@ -76,6 +90,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _from_log(args: argparse.Namespace) -> int:
+    from moetune.executor.logparse import iteration_args, parse_text
+
     path = Path(args.log)
     try:
         text = path.read_text(errors="replace")
@@ -83,15 +99,17 @@ def _from_log(args: argparse.Namespace) -> int:
         raise UserError("no such file", path=path) from None
     except OSError as exc:
         raise UserError(f"cannot read: {exc.strerror or exc}", path=path) from None
-    doc = contract_from_log(text)
-    if not doc:
-        raise UserError(
-            "no Megatron-LM argument dump ('---- arguments ----') or 'using world size' line found "
-            "(Megatron-Bridge logs print no argument dump)",
-            path=path,
-        )
-    header = f"# moetune contract from-log {path.name}: review, then fill hardware/versions/window\n"
-    text_out = header + yaml.dump(doc, Dumper=_NoAliases, sort_keys=False, width=100)
+    parsed = parse_text(text)
+    found = read_log(text, observed=iteration_args(parsed.iterations))
+    if not found.contract:
+        raise UserError(_nothing_found(text), path=path)
+    if args.json:
+        doc = from_log_document(found, path.name, parsed.theoretical_memory)
+        text_out = json.dumps(_finite(doc), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    else:
+        header = (f"# moetune contract from-log {path.name}: review, then fill "
+                  "hardware/versions/window\n") + "".join(f"# {line}\n" for line in _provenance(found))
+        text_out = header + yaml.dump(found.contract, Dumper=_NoAliases, sort_keys=False, width=100)
     if args.output:
         out = Path(args.output)
         if out.resolve() == path.resolve():
@@ -101,3 +119,68 @@ def _from_log(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text_out)
     return 0
+
+
+def _finite(value: object) -> object:
+    """The document with NaN/inf (a log may print `lr nan`) as text: strict JSON has no such numbers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _nothing_found(text: str) -> str:
+    """The refusal: what was looked for; Megatron-Bridge named only for a Bridge log."""
+    msg = ("no Megatron-LM arguments found: no argument dump ('---- arguments ----') or argument "
+           "lines, no 'using world size' line, no pretrain_*.py command line, no echoed --flags")
+    if any(marker in text for marker in _BRIDGE):
+        msg += " (a Megatron-Bridge log: Bridge prints its configuration summary, not arguments)"
+    return msg
+
+
+def _provenance(found: LogContract) -> list[str]:
+    """Comment lines naming the sources of the values, where more than the dump supplied them."""
+    by_source: dict[str, list[str]] = {s: [] for s in SOURCES}  # strongest first
+    for arg, source in found.sources.items():
+        by_source.setdefault(source, []).append(arg)
+    by_source = {s: names for s, names in by_source.items() if names}
+    lines = []
+    if set(by_source) - {DUMP}:
+        for source, names in by_source.items():
+            shown = ", ".join(names) if len(names) <= 12 else f"{len(names)} arguments"
+            lines.append(f"from the {source}: {shown}")
+    for c in found.conflicts:
+        lines.append(f"{c['arg']}: {c['kept']['source']} says {c['kept']['value']!r}, kept over "
+                     f"the {c['overruled']['source']}'s {c['overruled']['value']!r}")
+    if found.unread_flags:
+        lines.append("unread (a shell variable, not its value): " + " ".join(found.unread_flags))
+    if "label" not in found.contract:
+        lines.append("no label: the log shows only part of the arguments; set it after review")
+    return lines
+
+
+def from_log_document(found: LogContract, log_name: str, theoretical: object) -> dict:
+    """The `contract from-log --json` document (schemas/contract_from_log.schema.json)."""
+    import polars as pl
+
+    theory = None
+    if isinstance(theoretical, pl.DataFrame) and theoretical.height:
+        row = theoretical.sort("rank", nulls_last=True).row(0, named=True)
+        theory = {k: row[k] for k in ("rank", "weight_and_optimizer_mb", "activation_mb", "total_mb")}
+    counts: dict[str, int] = {}
+    for source in found.sources.values():
+        counts[source] = counts.get(source, 0) + 1
+    return {
+        "schema": FROM_LOG_SCHEMA_ID,
+        "log": log_name,
+        "contract": found.contract,
+        "complete": found.complete,
+        "sources": found.sources,
+        "source_counts": counts,
+        "conflicts": found.conflicts,
+        "unread_flags": list(found.unread_flags),
+        "evidence": {"theoretical_memory": theory},
+    }

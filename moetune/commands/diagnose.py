@@ -1,9 +1,11 @@
-"""`moetune diagnose PATH... [--window A:B] [--json] [--contract FILE] [--step-range NAME]`."""
+"""`moetune diagnose PATH... [--window A:B] [--json] [--contract FILE] [--step-range NAME]
+[--allow-mixed-runs]`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 from moetune.errors import UserError
@@ -24,6 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--json", action="store_true", help="print only the diagnosis document (JSON)")
     p.add_argument("--contract", metavar="FILE", help="measurement contract (YAML/JSON)")
     p.add_argument("--step-range", metavar="NAME", help="annotation/NVTX range name that marks one step")
+    p.add_argument("--allow-mixed-runs", action="store_true",
+                   help="analyse files together even when their metadata says they are not ranks "
+                   "of one run (refused by default)")
     return p
 
 
@@ -35,13 +40,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.paths and not DEFAULT_TRACE.exists():
         raise UserError("no PATH given and the default example trace is missing", path=DEFAULT_TRACE)
     doc = analyze(paths, args.contract, window=args.window, step_range=args.step_range,
-                  audit=False).diagnosis
+                  audit=False, allow_mixed_runs=args.allow_mixed_runs).diagnosis
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     else:
         render_diagnosis(doc)
         shown = " ".join(str(p) for p in args.paths) if args.paths else "<trace>"
-        print(f"next: moetune recommend {shown} --contract FILE  ·  "
-              f"moetune audit --contract FILE {shown}", file=sys.stderr)
+        given = shlex.quote(args.contract) if args.contract else "FILE"  # the one given, if any
+        print(f"next: moetune recommend {shown} --contract {given}  ·  "
+              f"moetune audit --contract {given} {shown}", file=sys.stderr)
     render_warnings(doc.get("warnings", []))
     return 0

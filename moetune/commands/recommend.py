@@ -54,6 +54,8 @@ def read_json(path: Path) -> Any:
         raise UserError(f"cannot read: {exc}", path=path) from None
     except json.JSONDecodeError as exc:
         raise UserError(f"invalid JSON at line {exc.lineno}: {exc.msg}", path=path) from None
+    except RecursionError:  # the parser recurses per level; no moetune document is that deep
+        raise UserError("invalid JSON: nested too deeply", path=path) from None
 
 
 def saved_diagnosis(inputs: list[str]) -> dict[str, Any] | None:
@@ -110,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     else:
-        sys.stdout.write(render(doc))
+        sys.stdout.write(render(doc, contract=args.contract))
     if not args.contract and not args.json:
         print("moetune: no --contract: current arguments taken as Megatron defaults, "
               "preconditions unverified", file=sys.stderr)
@@ -162,13 +164,15 @@ def _evidence_line(ev: list[dict[str, Any]]) -> str:
     return "; ".join(parts) or "(contract and audit facts only)"
 
 
-def render(doc: dict[str, Any]) -> str:
-    """Ruff-like text: id, title, evidence, fix (flags), gain, verify, notes."""
+def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
+    """Ruff-like text: id, title, evidence, fix (flags), gain, verify, notes. `contract`: the
+    contract file given, so a contract without a label reads as such, not as no contract."""
     d = doc["diagnosis"]
     recs = doc["recommendations"]
+    label = doc["contract_label"] or (f"{Path(contract).name} (unlabelled)" if contract else "none")
     lines = [
         f"moetune recommend · step {_secs(d['step_time_s'] or 0)} · dominant {d['dominant_wall']}"
-        f" · contract {doc['contract_label'] or 'none'}"
+        f" · contract {label}"
     ]
     for r in recs:
         g = r["gain"]
