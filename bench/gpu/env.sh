@@ -35,7 +35,9 @@ tune_and_collect() {
   say "tune rc=$? at +$(( $(date +%s) - T0 ))s (124 = stopped by the time cap; rerunning resumes)"
   tail -n 40 "$W/tune.err" | tee -a "$S"
   python3 -m moetune ledger --ledger "$W/ledger.sqlite" 2>&1 | tee -a "$S"
-  cp "$W/ledger.sqlite" "$OUT/${pre}ledger.sqlite" 2>/dev/null
+  # SQLite's online backup: a plain copy of a WAL-mode database killed by the cap loses the WAL
+  python3 -c "import sqlite3,sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
+    "$W/ledger.sqlite" "$OUT/${pre}ledger.sqlite" 2>/dev/null
   # logs of every run; traces of each round's profile and of the candidates' confirm runs
   (cd "$W" && tar czf "$OUT/${pre}runs.tar.gz" --exclude='*.json.gz' runs tune.err tune.json)
   (cd "$W" && tar cf "$OUT/${pre}run_traces.tar" $(find runs -name '*.json.gz'))
