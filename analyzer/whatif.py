@@ -282,7 +282,22 @@ def fold_micro_batches(ep: Episode, params: Mapping[str, float], ctx: Mapping[st
     k = float(ctx.get("factor") or params.get("factor") or 2)
     if k <= 1:
         return None
-    return _fold(ep, ~ep.opt, k, params["fixed_us"])
+    return _fold(ep, ~ep.opt & ~_per_step_tail(ep, ctx.get("passes_end_ns")), k,
+                 params["fixed_us"])
+
+
+def _per_step_tail(ep: Episode, passes_end_ns: int | None) -> np.ndarray:
+    """Work after the last micro-batch's backward (gradient sync and norm, the optimizer, the
+    training loop's own Python): paid once per step whatever the micro-batch size, so it does not
+    fold. Host calls from `passes_end_ns` on, and the GPU ops they launched."""
+    tail = np.zeros(len(ep.ids), dtype=bool)
+    if passes_end_ns is None:
+        return tail
+    tail[~ep.is_gpu & (ep.ts >= passes_end_ns)] = True
+    for i in np.nonzero(ep.is_gpu)[0]:
+        if any(k == "launch" and tail[p] for p, k in ep.preds[i]):
+            tail[i] = True
+    return tail
 
 
 def group_expert_gemms(ep: Episode, params: Mapping[str, float], ctx: Mapping[str, Any]
@@ -468,6 +483,16 @@ def contract_context(tid: str, spec: Mapping[str, Any], contract: Mapping[str, A
     return {}
 
 
+def _passes_end_ns(events: pl.DataFrame, rank: int, start_ns: int, end_ns: int) -> int | None:
+    """End of the step's last autograd backward node (the last micro-batch's backward), None when
+    the trace has no such ops (e.g. an nsys export without PyTorch ops)."""
+    last = events.filter((pl.col("rank") == rank) & (pl.col("kind") == "cpu_op")
+                         & pl.col("name").str.starts_with("autograd::engine::evaluate_function")
+                         & (pl.col("ts_ns") >= start_ns) & (pl.col("ts_ns") < end_ns)
+                         ).select((pl.col("ts_ns") + pl.col("dur_ns")).max()).item()
+    return int(last) if last is not None else None
+
+
 def whatif_section(trace: Any, steps: Any, ctx: Any) -> dict[str, Any]:
     """`diagnose` section: one estimate per applicable transform on the median step."""
 
@@ -495,10 +520,13 @@ def whatif_section(trace: Any, steps: Any, ctx: Any) -> dict[str, Any]:
         scale = host_scale_for(ep, ref * 1e9, base)
         base = replay(ep, untouched(ep), scale)
     out: dict[str, Any] = {}
+    passes_end = _passes_end_ns(ctx.events, int(row["rank"]), start, end)
     for tid, spec in transforms().items():
         c = contract_context(tid, spec, ctx.contract)
         if c is None:
             continue
+        if spec["kind"] == "fold_micro_batches":
+            c = {**c, "passes_end_ns": passes_end}
         est = estimate(ep, tid, spec, c, base, scale, ref)
         if est is not None:
             out[tid] = est
