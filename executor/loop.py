@@ -432,7 +432,14 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
         return {"session": sid, "ledger": str(opts.ledger), "accepted": accepted,
                 "decisions": led.decisions(sid), "final_command": list(base.argv),
                 "final_env": dict(base.env), "runs_executed": runner.executed,
-                "runs_reused": runner.reused}
+                "runs_reused": runner.reused, "run_time_s": run_time_s(led.runs(sid))}
+
+
+def run_time_s(runs: Sequence[Mapping[str, Any]]) -> float:
+    """Wall time of a session's finished runs (start to exit, each): what the loop cost in
+    machine time, the figure to set against a grid of the same knobs."""
+    return round(sum(r["finished_at"] - r["started_at"] for r in runs
+                     if r.get("finished_at") and r.get("started_at")), 1)
 
 
 def _round_contract(contract: Any, accepted: Sequence[Mapping[str, Any]]) -> Any:

@@ -55,6 +55,10 @@ def test_tune_accepts_a_win_and_rejects_a_crash(tmp_path: Path) -> None:
     assert ev["confirm"]["window"] == "5-8"
     assert crash["verdict"] == "rejected" and crash["cause"] == "usage"
     assert "--micro-batch-size" in res["final_command"]
+    with sqlite3.connect(tmp_path / "l.db") as c:
+        walls = c.execute("SELECT finished_at - started_at FROM runs").fetchall()
+    assert res["run_time_s"] > 0
+    assert res["run_time_s"] == pytest.approx(sum(w for (w,) in walls), abs=0.1)
     assert res["final_command"][res["final_command"].index("--micro-batch-size") + 1] == "16"
     with sqlite3.connect(tmp_path / "l.db") as c:
         rows = c.execute("SELECT key, status, cause, log_tail FROM runs ORDER BY id").fetchall()

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
               + (f" · proof: {proof}" if proof else "")
               + (f"  cause: {d['cause']}" if d["cause"] else ""))
     print(f"accepted {len(res['accepted'])} · session {res['session']} · "
-          f"{res['runs_executed']} runs executed, {res['runs_reused']} read back")
+          f"{res['runs_executed']} runs executed, {res['runs_reused']} read back · "
+          f"runs took {res['run_time_s']:.0f} s")
     print("final command: " + shlex.join(res["final_command"]))
     return 0
