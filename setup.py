@@ -1,7 +1,10 @@
-"""Only the compiled fast path of the Kineto reader lives here; everything else is pyproject.toml.
+"""Only the compiled fast paths live here (the Kineto reader's scanner, the timeline graph's
+loops: cycle check and critical-path walk);
+everything else is pyproject.toml.
 
-`optional=True`: on a machine without a C compiler the install still succeeds and the reader falls
-back to its pure-Python path (same frames, ~2-3x slower; analyzer/readers/kineto.py).
+`optional=True`: on a machine without a C compiler the install still succeeds and each falls back
+to its pure-Python path (same results, slower; analyzer/readers/kineto.py, analyzer/graph.py
+`_acyclic`, analyzer/critical_path.py `_walk_py`).
 """
 
 from setuptools import Extension, setup
@@ -12,6 +15,11 @@ setup(
             "moetune.analyzer.readers._kineto_scan",
             ["analyzer/readers/_kineto_scan.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "moetune.analyzer._graph_loops",
+            ["analyzer/_graph_loops.c"],
+            optional=True,
+        ),
     ]
 )

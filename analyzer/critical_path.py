@@ -5,7 +5,9 @@ span, so "the longest path" is decided by which dependency *bound* each event: t
 is the chain of binding dependencies. We find it by walking back from the step's last GPU op,
 each time to the predecessor whose release (see `moetune.analyzer.graph.RELEASE`) came last. That is
 the longest path in the DAG weighted by the time each edge actually held its target back, and it
-costs O(edges touched): no search, no recursion, bounded by the number of nodes.
+costs O(edges touched): no search, no recursion, bounded by the number of nodes. The walk runs
+over the graph's arrays in compiled code (`analyzer/_graph_loops.c`; `_walk_py` is the same loop
+in Python, used when the extension is not built, and gives equal records).
 
 The walk cuts the step window [win_start_ns, win_end_ns) (analyzer/steps.py; the GPU windows tile
 the timeline) into segments, so segment lengths sum exactly to the step time T:
@@ -40,15 +42,17 @@ reasons while comm ran, or comm at the step's end that nothing waited on).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
 import polars as pl
 from moetune.analyzer import intervals as iv
 from moetune.analyzer.frames import GPU_KINDS, Trace
-from moetune.analyzer.graph import TimelineGraph, _no_gc, build_graph
+from moetune.analyzer.graph import EDGE_KINDS, TimelineGraph, _no_gc, build_graph
 from moetune.analyzer.ranks import ranks_section
 from moetune.analyzer.steps import find_steps
 
@@ -66,8 +70,8 @@ LAUNCH_LATENCY_NS = 50_000  # longer launch→start gaps are not launch latency
 TOP_EDGES = 20
 CEILING_TEXT_MAX = 10.0  # gain ceilings above +1000 % print as ">10×"
 # Above this many GPU ops + host calls in the steps' span, the graph covers one step id on every
-# rank (the one of median mean length) instead of all: networkx holds ~1 KB per node, and a 1 GB
-# nsys export (10 M events) would need > 12 GB. The headline numbers describe median steps anyway.
+# rank (the one of median mean length) instead of all: the graph's memory and time grow with its
+# nodes, and the headline numbers describe median steps anyway.
 GRAPH_MAX_EVENTS = 1_500_000
 
 
@@ -102,15 +106,113 @@ def step_windows(trace: Trace, steps: pl.DataFrame | None = None) -> pl.DataFram
     return steps.select("rank", "step", "win_start_ns", "win_end_ns").sort("rank", "step")
 
 
+try:  # the compiled walk (setup.py); `_walk_py` is the same loop in Python
+    from moetune.analyzer._graph_loops import walk as _walk_c
+except ImportError:  # pragma: no cover - built at install; a machine without a compiler
+    _walk_c = None
+
+_NO_RANK = -(2**63)  # rank of a node without one: matches no rank a walk runs on
+
+
+@dataclass(frozen=True, slots=True)
+class _WalkArrays:
+    """The graph's columns by node position, built once per graph and walked by every step:
+    contiguous arrays for the compiled walk, Python lists for the pure-Python one (on demand)."""
+
+    ids: list[int]
+    wall: list[str]
+    ts: np.ndarray  # int64
+    en: np.ndarray
+    rank: np.ndarray  # int64, _NO_RANK for null
+    in_ptr: np.ndarray  # int64, n + 1
+    in_src: np.ndarray  # int64 source position per in-edge (graph.in_edge order)
+    in_kind: np.ndarray  # int8 index into EDGE_KINDS
+    in_via: np.ndarray  # int64 node id, -1 for none
+    lists: dict[str, list] = field(default_factory=dict)
+
+    def as_lists(self) -> dict[str, list]:
+        if not self.lists:
+            for k in ("ts", "en", "rank", "in_ptr", "in_src", "in_kind", "in_via"):
+                self.lists[k] = getattr(self, k).tolist()
+        return self.lists
+
+
+def _walk_arrays(graph: TimelineGraph) -> _WalkArrays:
+    n = graph.nodes
+    e = graph.in_edge
+    i64 = lambda c: np.ascontiguousarray(n[c].to_numpy(), dtype=np.int64)  # noqa: E731
+    return _WalkArrays(
+        graph.ids.tolist(), n["wall"].to_list(), i64("ts_ns"), i64("end_ns"),
+        np.ascontiguousarray(n["rank"].cast(pl.Int64).fill_null(_NO_RANK).to_numpy(),
+                             dtype=np.int64),
+        np.ascontiguousarray(graph.in_ptr, dtype=np.int64),
+        np.ascontiguousarray(graph.src[e], dtype=np.int64),
+        np.ascontiguousarray(graph.kind[e], dtype=np.int8),
+        np.ascontiguousarray(graph.via[e], dtype=np.int64))
+
+
+_PRIORITY_BY_CODE = [_PRIORITY[k] for k in EDGE_KINDS]
+_COLLECTIVE, _LAUNCH = EDGE_KINDS.index("collective"), EDGE_KINDS.index("launch")
+_END_CODES = frozenset(EDGE_KINDS.index(k) for k in _ENDS_AT_OP_END)
+Walk = tuple[list[tuple[int, int, int, int, int, int, int]], int, int]
+
+
+def _walk_py(a: _WalkArrays, sink: int, rank: int, start_ns: int, end_ns: int) -> Walk:
+    """The walk back from `sink` (a node position), as `_graph_loops.walk` does it: records
+    (v, lo_v, hi, best, best_rel, best_kind, best_via) per op on the path (best -1: none), the
+    path's lower end and whether the loop stopped on its own condition (1) or at a source (0)."""
+    L = a.as_lists()
+    ts, en, rk = L["ts"], L["en"], L["rank"]
+    in_ptr, in_src, in_kind, in_via = L["in_ptr"], L["in_src"], L["in_kind"], L["in_via"]
+    pri_of, end_codes = _PRIORITY_BY_CODE, _END_CODES
+    records = []
+    hi = min(en[sink], end_ns)
+    v = sink
+    seen: set[int] = set()
+    while v >= 0 and hi > start_ns and v not in seen:
+        seen.add(v)
+        best, best_rel, best_kind, best_via, best_pri = -1, 0, -1, -1, 0
+        ts_v, en_v = ts[v], en[v]
+        for j in range(in_ptr[v], in_ptr[v + 1]):
+            u = in_src[j]
+            if rk[u] != rank:  # another rank: its wait shows as this op's own time
+                continue
+            # release (graph.RELEASE), written out: this loop runs once per edge into the path
+            k = in_kind[j]
+            if k == _COLLECTIVE:
+                rel = ts[u]
+            else:
+                rel = en[u]
+                if k == _LAUNCH and rel > ts_v:  # an op may start inside its launch call
+                    rel = ts_v if ts_v > ts[u] else ts[u]
+            con = en_v if k in end_codes else ts_v
+            # clipped to the constraint and to the path so far (the graph holds no edge whose
+            # release lies past its constraint: build_graph drops those)
+            if rel > con:
+                rel = con
+            if rel > hi:
+                rel = hi
+            pri = pri_of[k]
+            if best < 0 or rel > best_rel or (rel == best_rel and pri < best_pri):
+                best, best_rel, best_kind, best_via, best_pri = u, rel, k, in_via[j], pri
+        lo_v = max(ts_v, best_rel if best >= 0 else ts_v, start_ns)
+        lo_v = min(lo_v, hi)
+        records.append((v, lo_v, hi, best, best_rel, best_kind, best_via))
+        if best < 0:
+            return records, hi, 0
+        hi = min(best_rel, lo_v)
+        v = best
+    return records, hi, 1
+
+
 @dataclass(frozen=True, slots=True)
 class _RankView:
-    """One rank's node attributes as dicts: built once, walked by every step."""
+    """One rank's GPU nodes, plus the graph's walk arrays: built once, walked by every step."""
 
-    gpu: pl.DataFrame  # GPU nodes sorted by ts_ns
+    gpu: pl.DataFrame  # GPU nodes sorted by ts_ns, with their position `pos`
     max_dur: int
-    ts: dict[int, int]
-    en: dict[int, int]
-    wall: dict[int, str]
+    rank: int
+    arrays: _WalkArrays
 
     def gpu_in(self, lo: int, hi: int) -> pl.DataFrame:
         """GPU nodes overlapping [lo, hi): a sorted slice, then the exact test."""
@@ -120,99 +222,84 @@ class _RankView:
         return self.gpu.slice(a, b - a).filter(pl.col("end_ns") > lo)
 
 
-def _view(graph: TimelineGraph, rank: int) -> _RankView:
-    n = graph.nodes.filter(pl.col("rank") == rank)
-    ids = n["node"].to_list()
+def _view(graph: TimelineGraph, rank: int, arrays: _WalkArrays | None = None) -> _RankView:
+    n = graph.nodes.with_row_index("pos").filter(pl.col("rank") == rank)
     gpu = n.filter(pl.col("is_gpu")).sort("ts_ns", "node")
     max_dur = int((gpu["end_ns"] - gpu["ts_ns"]).max() or 0) if gpu.height else 0
-    return _RankView(gpu, max_dur, dict(zip(ids, n["ts_ns"].to_list(), strict=True)),
-                     dict(zip(ids, n["end_ns"].to_list(), strict=True)),
-                     dict(zip(ids, n["wall"].to_list(), strict=True)))
+    return _RankView(gpu, max_dur, rank, arrays or _walk_arrays(graph))
 
 
 def critical_path(graph: TimelineGraph, *, rank: int, step: int, start_ns: int,
-                  end_ns: int, view: _RankView | None = None) -> list[Segment]:
-    """Segments of the critical path of one step window, in time order."""
+                  end_ns: int, view: _RankView | None = None, compiled: bool = True
+                  ) -> list[Segment]:
+    """Segments of the critical path of one step window, in time order. `compiled=False` walks
+    in Python (the compiled walk gives the same records)."""
     view = view or _view(graph, rank)
-    ts, en, wall = view.ts, view.en, view.wall
+    a = view.arrays
     gpu = view.gpu_in(start_ns, end_ns)
     if gpu.height == 0:
         return [Segment(rank, step, start_ns, end_ns, "host", "step_tail", None)]
     # Sink: the GPU op that ends last inside the window (ties: the later-starting one).
-    sink = gpu.with_columns(ce=pl.min_horizontal("end_ns", pl.lit(end_ns))).sort(
-        "ce", "ts_ns", "node").get_column("node")[-1]
-    g = graph.g
+    sink = int(gpu.with_columns(ce=pl.min_horizontal("end_ns", pl.lit(end_ns))).sort(
+        "ce", "ts_ns", "node").get_column("pos")[-1])
+    if compiled and _walk_c is not None:
+        records, last_hi, cut = _walk_c(a.ts, a.en, a.rank, a.in_ptr, a.in_src, a.in_kind,
+                                        a.in_via, sink, rank, start_ns, end_ns)
+    else:
+        records, last_hi, cut = _walk_py(a, sink, rank, start_ns, end_ns)
+    ids, wall = a.ids, a.wall
     out: list[Segment] = []
-    hi = min(en[sink], end_ns)
+    hi = records[0][2] if records else min(int(a.en[sink]), end_ns)
     if hi < end_ns:
         out.append(Segment(rank, step, hi, end_ns, "host", "step_tail", None))
-    v = sink
-    succ_edge: tuple[int, str, int | None] | None = None  # (successor node, kind, via)
-    seen: set[int] = set()
-    pred = g._pred  # the raw dicts: AtlasView costs ~5 µs a walk step
-    while v is not None and hi > start_ns and v not in seen:
-        seen.add(v)
-        best, best_rel, best_kind, best_via, best_pri = None, None, None, None, 0
-        ts_v, en_v = ts[v], en[v]
-        for u, d in pred[v].items():
-            ts_u = ts.get(u)
-            if ts_u is None:  # another rank: its wait shows as this op's own time
-                continue
-            # release (graph.RELEASE), written out: this loop runs once per edge into the path
-            k = d["kind"]
-            if k == "collective":
-                rel = ts_u
-            else:
-                rel = en[u]
-                if k == "launch" and rel > ts_v:  # an op may start inside its launch call
-                    rel = ts_v if ts_v > ts_u else ts_u
-            con = en_v if k in _ENDS_AT_OP_END else ts_v
-            # clipped to the constraint and to the path so far (the graph holds no edge whose
-            # release lies past its constraint: build_graph drops those)
-            if rel > con:
-                rel = con
-            if rel > hi:
-                rel = hi
-            pri = _PRIORITY[k]
-            if best is None or rel > best_rel or (rel == best_rel and pri < best_pri):
-                best, best_rel, best_kind, best_via, best_pri = u, rel, k, d.get("via"), pri
-        lo_v = max(ts[v], best_rel if best_rel is not None else ts[v], start_ns)
-        lo_v = min(lo_v, hi)
-        kind = "op"
+    succ_edge: tuple[int, str, int | None] | None = None  # (successor node id, kind, via)
+    for v, lo_v, hi, best, best_rel, bk, bv in records:
         seg_edge, seg_waiter, seg_via = None, None, None
         if succ_edge is not None:
             seg_waiter, seg_edge, seg_via = succ_edge
-        out.append(Segment(rank, step, lo_v, hi, wall[v], kind, v, False, seg_waiter, seg_edge,
-                           seg_via))
-        if best is None:
+        node = ids[v]
+        out.append(Segment(rank, step, lo_v, hi, wall[v], "op", node, False, seg_waiter,
+                           seg_edge, seg_via))
+        if best < 0:
             if lo_v > start_ns:
                 lead = "host" if wall[v] == "host" else "other"
                 out.append(Segment(rank, step, start_ns, lo_v, lead, "step_start", None))
             break
+        best_kind, best_via = EDGE_KINDS[bk], (None if bv < 0 else bv)
         gap_lo = max(best_rel, start_ns)
         if gap_lo < lo_v:
             gw, what = GAP_WALL[best_kind], _GAP_WHAT[best_kind]
             if best_kind == "launch" and best_via is None and lo_v - gap_lo > LAUNCH_LATENCY_NS:
                 gw, what = "other", "unexplained_gap"  # launched long before: waited on else
-            out.append(Segment(rank, step, gap_lo, lo_v, gw, what, v))
-        hi = min(best_rel, lo_v)
-        succ_edge = (v, best_kind, best_via)
-        v = best
-    else:
-        if hi > start_ns:  # cut short (cycle guard or reached the window start exactly)
-            out.append(Segment(rank, step, start_ns, hi, "other", "step_start", None))
+            out.append(Segment(rank, step, gap_lo, lo_v, gw, what, node))
+        succ_edge = (node, best_kind, best_via)
+    if cut and last_hi > start_ns:  # cut short (cycle guard or reached the window start exactly)
+        out.append(Segment(rank, step, start_ns, last_hi, "other", "step_start", None))
     out.reverse()
-    return _mark_blocking([s for s in out if s.end_ns > s.start_ns], wall)
+    return _mark_blocking([s for s in out if s.end_ns > s.start_ns], _WallOf(ids, wall))
 
 
-def _mark_blocking(path: list[Segment], wall: dict[int, str]) -> list[Segment]:
+class _WallOf:
+    """Wall by node id over the position lists (bisect: the blocking marks need a few)."""
+
+    def __init__(self, ids: list[int], wall: list[str]) -> None:
+        self.ids, self.wall = ids, wall
+
+    def get(self, node: int | None) -> str | None:
+        if node is None:
+            return None
+        i = bisect.bisect_left(self.ids, node)
+        return self.wall[i] if i < len(self.ids) and self.ids[i] == node else None
+
+
+def _mark_blocking(path: list[Segment], wall: _WallOf) -> list[Segment]:
     """Comm ops on the path whose successor entered through a dependency edge, walking back so
     a comm op feeding a blocking comm op is blocking too."""
     out = list(path)
     blocking_nodes: set[int] = set()
     for i in range(len(out) - 1, -1, -1):
         s = out[i]
-        if s.what != "op" or s.node is None or wall.get(s.node) != "communication":
+        if s.what != "op" or s.node is None or s.wall != "communication":  # an op's own wall
             continue
         if s.edge in DEP_KINDS and s.waiter is not None and (
             wall.get(s.waiter) != "communication" or s.waiter in blocking_nodes
@@ -300,14 +387,17 @@ def analyze(
         graph = build_graph(trace, window=window, rank=None)
     views: dict[int, _RankView] = {}
     paths: dict[tuple[int, int], list[Segment]] = {}
-    with _no_gc():  # the walks allocate millions of small objects and no cycles
+    arrays = _walk_arrays(graph) if win.height else None
+    # the walks and the segment frames allocate millions of small objects and no cycles: a
+    # collection would scan them all, again and again
+    with _no_gc():
         for rank, step, lo, hi in win.iter_rows():
             if rank not in views:
-                views[rank] = _view(graph, rank)
+                views[rank] = _view(graph, rank, arrays)
             paths[(rank, step)] = critical_path(graph, rank=rank, step=step, start_ns=lo,
                                                 end_ns=hi, view=views[rank])
-    comm = _comm_split(graph, win, paths)
-    busy = _host_while_gpu_busy(graph, win, paths)
+        comm = _comm_split(graph, win, paths)
+        busy = _host_while_gpu_busy(graph, win, paths)
     return [{"rank": rank, "step": step, "start_ns": lo, "end_ns": hi, "path": paths[(rank, step)],
              "walls": _walls_of(paths[(rank, step)]), "comm": comm[(rank, step)],
              "host_gpu_busy": busy.get((rank, step), 0)}
@@ -338,10 +428,9 @@ def critical_path_section(
     # R(host): host path time with the GPU idle; the rest overlapped GPU work that stays
     recoverable = walls | {"host": walls["host"] - host_busy}
     comm = {k: _mean([r["comm"][k] for r in meds]) for k in meds[0]["comm"]}
-    # nsmallest(k, xs, key) == sorted(xs, key)[:k], without sorting every segment of every step
-    order = lambda s: (s.start_ns - s.end_ns, s.rank, s.step, s.start_ns)  # noqa: E731
-    segs = heapq.nsmallest(top, (s for r in res for s in r["path"]), key=order)
-    edges = heapq.nsmallest(TOP_EDGES, (s for r in res for s in r["path"] if s.blocking), key=order)
+    every = [s for r in res for s in r["path"]]
+    segs = _longest(every, top)
+    edges = _longest([s for s in every if s.blocking], TOP_EDGES)
     names = _names(trace, [x for s in (*segs, *edges) for x in (s.node, s.waiter, s.via)])
     cp = {
         "length_s": _s(t),
@@ -359,7 +448,7 @@ def critical_path_section(
              "path_nodes": sum(1 for s in r["path"] if s.what == "op")}
             for r in res
         ],
-        "graph": {"nodes": graph.g.number_of_nodes(), "edges": graph.edge_counts(),
+        "graph": {"nodes": graph.n_nodes, "edges": graph.edge_counts(),
                   "aggregated": graph.aggregated, "unlinked": dict(graph.unlinked)},
     }
     blocking = {
@@ -375,6 +464,17 @@ def critical_path_section(
         ],
     }
     return {"critical_path": cp, "blocking": blocking}
+
+
+def _longest(segs: list[Segment], k: int) -> list[Segment]:
+    """sorted(segs, key=(−duration, rank, step, start))[:k] (ties by input order), sorting only
+    the segments at least as long as the k-th longest: the rest cannot be among the first k."""
+    if k <= 0 or not segs:
+        return []
+    durs = [s.end_ns - s.start_ns for s in segs]
+    floor = heapq.nlargest(k, durs)[-1]  # comparisons of plain ints, no key function
+    cand = [s for s, d in zip(segs, durs, strict=True) if d >= floor]
+    return sorted(cand, key=lambda s: (s.start_ns - s.end_ns, s.rank, s.step, s.start_ns))[:k]
 
 
 def _median_steps(res: list[dict]) -> list[dict]:

@@ -1,7 +1,10 @@
 """Timeline dependency graph, built once per analysis and shared by every analysis on it.
 
 Nodes are integer event ids: row indices into `trace.events`. Everything about a node (times,
-stream, wall) lives in the `TimelineGraph.nodes` frame, not on the networkx node. Edges are typed:
+stream, wall) lives in the `TimelineGraph.nodes` frame (sorted by id: a node's position in it
+indexes the arrays). Edges are parallel arrays (source and target positions, kind code, `via`) in
+insertion order, with a CSR of in-edges by target that keeps that order (walks break ties by it);
+`to_networkx()` exports a DiGraph for users who want one. Edges are typed:
 
 | kind        | from → to | meaning |
 |-------------|-----------|---------|
@@ -29,7 +32,9 @@ release lies after its constraint (beyond `TOLERANCE_NS`; `SYNC_TOLERANCE_NS` fo
 which cross from the GPU clock to the host's) is impossible in a real timeline: it is dropped and
 counted (`unlinked["time_inconsistent"]`). Cycles that survive (malformed correlation data) are broken
 inside each strongly connected component by dropping edges against (ts, id) order, so the graph
-is always a DAG and every analysis on it is linear in its size.
+is always a DAG and every analysis on it is linear in its size. The graph holds only the nodes of
+the window it was built for (events outside it are never copied), and building keeps no frame
+beyond `nodes` and `members`.
 
 Limits (bounded work): above `MAX_NODES` nodes, runs of consecutive small kernels on one stream
 (each < `SMALL_KERNEL_NS`, gaps < `RUN_GAP_NS`, same wall, not communication, none touched by a
@@ -47,14 +52,23 @@ import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import networkx as nx
+import numpy as np
 import polars as pl
 from moetune.analyzer.classify import classify
 from moetune.analyzer.clocks import align_clocks
 from moetune.analyzer.collectives import collective_instances, match_collectives
 from moetune.analyzer.event_walls import wall_of
 from moetune.analyzer.frames import GPU_KINDS, Trace, require
+
+if TYPE_CHECKING:  # networkx is imported by the export only
+    import networkx as nx
+
+try:  # Kahn's check compiled (setup.py); `_acyclic` is the same check in Python
+    from moetune.analyzer._graph_loops import acyclic as _acyclic_c
+except ImportError:  # pragma: no cover - built at install; a machine without a compiler
+    _acyclic_c = None
 
 EDGE_KINDS: tuple[str, ...] = ("launch", "stream", "host", "sync", "event_wait", "collective")
 # Where an edge's source releases its target: "start" or "end" of the source event.
@@ -100,31 +114,69 @@ NODE_COLUMNS = (
 
 @dataclass(frozen=True, slots=True)
 class TimelineGraph:
-    """The DAG plus its node frame. `g` holds only ids and typed edges (`kind`, optional `via`)."""
+    """The DAG as arrays plus its node frame. Position i is the i-th node of `nodes` (sorted by
+    node id, `ids[i]`); edges are parallel arrays in insertion order (the order walks break ties
+    by), `in_ptr`/`in_edge` index them by target (CSR). networkx only on export (`to_networkx`)."""
 
-    g: nx.DiGraph
     nodes: pl.DataFrame  # NODE_COLUMNS, one row per graph node, sorted by node
     members: pl.DataFrame  # event_id → node, only for aggregated nodes (empty otherwise)
     ranks: tuple[int, ...]
     window: tuple[int, int] | None
+    ids: np.ndarray  # int64 node ids, ascending (= nodes["node"])
+    src: np.ndarray  # int64 positions of edge sources
+    dst: np.ndarray  # int64 positions of edge targets
+    kind: np.ndarray  # int8 index into EDGE_KINDS
+    via: np.ndarray  # int64 node id the edge went through, -1 for none
+    in_ptr: np.ndarray  # edges into position i: in_edge[in_ptr[i]:in_ptr[i + 1]], insertion order
+    in_edge: np.ndarray
     unlinked: dict[str, int] = field(default_factory=dict)
     aggregated: bool = False
-    counts: dict[str, int] | None = None  # edges per kind, when known at build time
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.ids)
+
+    @property
+    def n_edges(self) -> int:
+        return len(self.src)
+
+    @property
+    def g(self) -> nx.DiGraph:
+        """The networkx export (built on each access: keep it if you use it more than once)."""
+        return self.to_networkx()
 
     def edge_counts(self) -> dict[str, int]:
-        if self.counts is not None:
-            return dict(self.counts)
-        counts = dict.fromkeys(EDGE_KINDS, 0)
-        for _, _, k in self.g.edges(data="kind"):
-            counts[k] += 1
-        return counts
+        n = np.bincount(self.kind, minlength=len(EDGE_KINDS))
+        return {k: int(n[i]) for i, k in enumerate(EDGE_KINDS)}
 
     def edges_frame(self) -> pl.DataFrame:
-        rows = [(u, v, d["kind"], d.get("via")) for u, v, d in self.g.edges(data=True)]
-        return pl.DataFrame(
-            rows, schema={"src": pl.Int64, "dst": pl.Int64, "kind": pl.String, "via": pl.Int64},
-            orient="row",
-        )
+        """src, dst (node ids), kind, via; in networkx's edge order (by source node, then
+        insertion)."""
+        o = np.argsort(self.src, kind="stable")
+        via = self.via[o]
+        return pl.DataFrame({
+            "src": self.ids[self.src[o]], "dst": self.ids[self.dst[o]],
+            "kind": pl.Series(EDGE_KINDS_ARRAY[self.kind[o]], dtype=pl.String),
+            "via": pl.Series(via, dtype=pl.Int64).set(pl.Series(via < 0), None),
+        }, schema={"src": pl.Int64, "dst": pl.Int64, "kind": pl.String, "via": pl.Int64})
+
+    def to_networkx(self) -> nx.DiGraph:
+        """A DiGraph with the same nodes (ids) and typed edges (`kind`, `via` when set), inserted
+        in the same order, for users who want networkx's algorithms."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        g.add_nodes_from(self.ids.tolist())
+        ids = self.ids
+        g.add_edges_from(
+            (u, v, {"kind": EDGE_KINDS[k]} if w < 0 else {"kind": EDGE_KINDS[k], "via": w})
+            for u, v, k, w in zip(ids[self.src].tolist(), ids[self.dst].tolist(),
+                                  self.kind.tolist(), self.via.tolist(), strict=True))
+        return g
+
+
+EDGE_KINDS_ARRAY = np.array(EDGE_KINDS, dtype=object)
+_KIND_CODE = {k: i for i, k in enumerate(EDGE_KINDS)}
 
 
 def build_graph(
@@ -163,8 +215,11 @@ def build_graph(
         launched = (lf.filter(inside & pl.col("is_gpu")).select("rank", "correlation")
                     .drop_nulls().unique().collect())
         extra = lf.filter(~inside & ~pl.col("is_gpu")).join(
-            launched.lazy(), on=["rank", "correlation"], how="semi", nulls_equal=False)
-        lf = pl.concat([lf.filter(inside), extra]).sort("node")
+            launched.lazy(), on=["rank", "correlation"], how="semi", nulls_equal=False
+        ).select("node").collect().get_column("node")
+        # one filter keeps the rows in node order: no concatenated copy to sort (that doubled
+        # the peak memory of the pass)
+        lf = lf.filter(inside | pl.col("node").is_in(extra.implode()))
     ev = lf.collect()
     # per-row columns once the rows are chosen (a window is often a small part of the trace)
     ev = ev.with_columns(wall=wall_of(ev))
@@ -235,35 +290,38 @@ def build_graph(
     # One edge per (src, dst), the last written wins (as repeated add_edge would); built in bulk.
     edges = edges.filter(pl.col("src") != pl.col("dst")).unique(
         ["src", "dst"], keep="last", maintain_order=True)
-    g = _digraph(nodes.get_column("node").to_list(), edges)
-    with _no_gc():
-        _break_cycles(g, nodes, unlinked, maybe_cyclic=_cycle_span(nodes, edges))
-    counts = None
-    if not unlinked.get("cycle_edges_dropped"):
-        by_kind = dict(edges.group_by("kind").len().iter_rows())
-        counts = {k: int(by_kind.get(k, 0)) for k in EDGE_KINDS}
+    return _arrays(nodes, members, edges, window, unlinked, aggregated)
+
+
+def _arrays(nodes: pl.DataFrame, members: pl.DataFrame, edges: pl.DataFrame,
+            window: tuple[int, int] | None, unlinked: dict[str, int], aggregated: bool
+            ) -> TimelineGraph:
+    """The graph's arrays from its node frame and distinct (src, dst) edges, cycles broken."""
+    ids = nodes.get_column("node").to_numpy().astype(np.int64)
+    src = np.searchsorted(ids, edges.get_column("src").to_numpy())
+    dst = np.searchsorted(ids, edges.get_column("dst").to_numpy())
+    kind = edges.get_column("kind").replace_strict(_KIND_CODE, return_dtype=pl.Int8).to_numpy()
+    via = edges.get_column("via").fill_null(-1).to_numpy().astype(np.int64)
+    keep = _break_cycles(ids, src, dst, nodes, unlinked,
+                         maybe_cyclic=_cycle_span(nodes, edges))
+    if keep is not None:
+        src, dst, kind, via = src[keep], dst[keep], kind[keep], via[keep]
+    in_edge = np.argsort(dst, kind="stable")  # stable: a node's in-edges keep insertion order
+    in_ptr = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=len(ids)), out=in_ptr[1:])
     ranks = tuple(nodes.get_column("rank").drop_nulls().unique().sort().to_list())
-    return TimelineGraph(g=g, nodes=nodes, members=members, ranks=ranks, window=window,
-                         unlinked=dict(sorted(unlinked.items())), aggregated=aggregated,
-                         counts=counts)
-
-
-def _digraph(node_ids: list[int], edges: pl.DataFrame) -> nx.DiGraph:
-    """The DiGraph that add_nodes_from(node_ids) + add_edges_from(edges) would build (same node
-    and adjacency insertion order, so walks that break ties by order stay identical), filled
-    directly: `edges` holds distinct (src, dst) pairs, so networkx's per-edge merge of attribute
-    dicts is pure overhead (~60 % of graph building on 100 k-node traces)."""
-    g = nx.DiGraph()
-    succ, pred, node = g._succ, g._pred, g._node
-    with _no_gc():
-        _fill(succ, pred, node, node_ids, edges)
-    return g
+    return TimelineGraph(nodes=nodes, members=members, ranks=ranks, window=window, ids=ids,
+                         src=src.astype(np.int64), dst=dst.astype(np.int64),
+                         kind=np.asarray(kind, dtype=np.int8), via=via, in_ptr=in_ptr,
+                         in_edge=in_edge.astype(np.int64),
+                         unlinked=dict(sorted(unlinked.items())), aggregated=aggregated)
 
 
 @contextmanager
 def _no_gc() -> Iterator[None]:
-    """Millions of new dicts trigger the cyclic GC over and over (each pass scans the whole
-    growing heap): off while building, on again after (the dicts hold no cycles)."""
+    """Millions of new small objects (path segments, their rows) trigger the cyclic GC over and
+    over (each pass scans the whole growing heap): off while making them, on again after (they
+    hold no cycles)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -271,21 +329,6 @@ def _no_gc() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-def _fill(succ: dict, pred: dict, node: dict, node_ids: list[int], edges: pl.DataFrame) -> None:
-    for n in node_ids:
-        if n not in node:
-            succ[n], pred[n], node[n] = {}, {}, {}
-    cols = [edges.get_column(c).to_list() for c in ("src", "dst", "kind", "via")]
-    for u, v, k, via in zip(*cols, strict=True):
-        if u not in node:
-            succ[u], pred[u], node[u] = {}, {}, {}
-        if v not in node:
-            succ[v], pred[v], node[v] = {}, {}, {}
-        d = {"kind": k} if via is None else {"kind": k, "via": via}
-        succ[u][v] = d
-        pred[v][u] = d
 
 
 # ---------------------------------------------------------------- edges, one function per kind
@@ -733,24 +776,85 @@ def _acyclic(succ: dict, nodes: list[int]) -> bool:
     return done == len(nodes)
 
 
-def _break_cycles(g: nx.DiGraph, nodes: pl.DataFrame, unlinked: dict[str, int],
-                  maybe_cyclic: list[int] | None = None) -> None:
-    """Make `g` acyclic: inside each strongly connected component keep only edges that go
-    forward in (ts, id) order. O(V + E). `maybe_cyclic` (see `_cycle_span`): the nodes any cycle
-    lies within, so only their subgraph needs the check (all of `g` when None)."""
-    acyclic = (nx.is_directed_acyclic_graph(g) if maybe_cyclic is None
-               else _acyclic(g._succ, maybe_cyclic))
-    if acyclic:
-        unlinked.setdefault("cycle_edges_dropped", 0)
-        return
-    ts = dict(zip(nodes.get_column("node").to_list(), nodes.get_column("ts_ns").to_list(),
-                  strict=True))
-    dropped = 0
-    for comp in nx.strongly_connected_components(g):
-        if len(comp) < 2:
+def _break_cycles(ids: np.ndarray, src: np.ndarray, dst: np.ndarray, nodes: pl.DataFrame,
+                  unlinked: dict[str, int], maybe_cyclic: list[int]) -> np.ndarray | None:
+    """Make the graph acyclic: inside each strongly connected component keep only edges that go
+    forward in (ts, id) order. `maybe_cyclic` (see `_cycle_span`): the node ids any cycle lies
+    within, so only their subgraph is checked (an SCC of two or more nodes is a union of cycles,
+    so it lies there too). Returns the mask of edges kept, None when all are."""
+    unlinked.setdefault("cycle_edges_dropped", 0)
+    if not maybe_cyclic:
+        return None
+    span = np.searchsorted(ids, np.asarray(maybe_cyclic, dtype=np.int64))
+    inside = np.zeros(len(ids), dtype=bool)
+    inside[span] = True
+    sub = np.flatnonzero(inside[src] & inside[dst])  # edges of the induced subgraph
+    if _acyclic_c is not None:  # the span is often most of the graph: Kahn's loop compiled
+        local = np.full(len(ids), -1, dtype=np.int64)
+        local[span] = np.arange(len(span), dtype=np.int64)
+        ls, ld = local[src[sub]], local[dst[sub]]
+        ptr = np.zeros(len(span) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(ls, minlength=len(span)), out=ptr[1:])
+        if _acyclic_c(ptr, np.ascontiguousarray(ld[np.argsort(ls, kind="stable")])):
+            return None
+    succ: dict[int, list[int]] = {int(u): [] for u in span}
+    for u, v in zip(src[sub].tolist(), dst[sub].tolist(), strict=True):
+        succ[u].append(v)
+    if _acyclic_c is None and _acyclic(succ, list(succ)):
+        return None
+    comp = _scc(succ)
+    ts = nodes.get_column("ts_ns").to_numpy()
+    cu, cv = comp.get, comp.get
+    bad = [e for e, u, v in zip(sub.tolist(), src[sub].tolist(), dst[sub].tolist(), strict=True)
+           if cu(u) is not None and cu(u) == cv(v) and (ts[u], ids[u]) >= (ts[v], ids[v])]
+    unlinked["cycle_edges_dropped"] = len(bad)
+    keep = np.ones(len(src), dtype=bool)
+    keep[bad] = False
+    return keep
+
+
+def _scc(succ: dict[int, list[int]]) -> dict[int, int]:
+    """Strongly connected components of two or more nodes (Tarjan, iterative): node → component
+    number; nodes alone in theirs are left out."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    comp: dict[int, int] = {}
+    n_comp = 0
+    for root in succ:
+        if root in index:
             continue
-        bad = [(u, v) for u in comp for v in g.successors(u)
-               if v in comp and (ts[u], u) >= (ts[v], v)]
-        g.remove_edges_from(bad)
-        dropped += len(bad)
-    unlinked["cycle_edges_dropped"] = dropped
+        work = [(root, iter(succ[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            u, it = work[-1]
+            for v in it:
+                if v not in index:
+                    index[v] = low[v] = len(index)
+                    stack.append(v)
+                    on_stack.add(v)
+                    work.append((v, iter(succ[v])))
+                    break
+                if v in on_stack:
+                    low[u] = min(low[u], index[v])
+            else:
+                work.pop()
+                if work:
+                    p = work[-1][0]
+                    low[p] = min(low[p], low[u])
+                if low[u] == index[u]:
+                    members = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        members.append(w)
+                        if w == u:
+                            break
+                    if len(members) > 1:
+                        for w in members:
+                            comp[w] = n_comp
+                        n_comp += 1
+    return comp

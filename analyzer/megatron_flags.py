@@ -67,10 +67,17 @@ def _joined_lines(text: str) -> Iterator[str]:
         yield buf
 
 
+# A launcher's command line is a few KB (Linux caps one argument at 128 KB); a longer "line" (a
+# runaway terminal line in a log) is split on blanks instead of by shlex, which is quadratic.
+_SHLEX_MAX_CHARS = 1 << 16
+
+
 def _tokens(text: str) -> list[str]:
     """Shell words up to the first shell operator or comment (quotes that do not close: split on
     blanks and strip them)."""
     try:
+        if len(text) > _SHLEX_MAX_CHARS:  # shlex grows a token char by char: quadratic
+            raise ValueError("too long for shlex")
         words = shlex.split(text, comments=True)
     except ValueError:
         words = [w.strip("'\"") for w in text.split()]

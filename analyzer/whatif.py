@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import jsonschema
 import numpy as np
 import polars as pl
 from moetune.analyzer.frames import Trace
-from moetune.analyzer.graph import TimelineGraph, build_graph
+from moetune.analyzer.graph import EDGE_KINDS, TimelineGraph, build_graph
 from moetune.analyzer.walls import recompute_launches
 
 from moetune.errors import UserError
@@ -52,6 +51,8 @@ MAX_BETWEEN = 12
 @cache
 def transforms() -> dict[str, dict[str, Any]]:
     """The transform catalog (whatif.yaml), validated by schemas/whatif.schema.json."""
+    import jsonschema  # only when validating: a heavy import the start-up does not need
+
     doc, _ = read_yaml(WHATIF_PATH)
     errors = sorted(jsonschema.Draft202012Validator(json.loads(schema("whatif").read_text()))
                     .iter_errors(doc), key=lambda e: list(e.absolute_path))
@@ -100,10 +101,10 @@ def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: 
     # host calls inside the window only (launch calls of earlier steps were kept by the graph)
     nodes = nodes.filter(pl.col("is_gpu") | (pl.col("ts_ns") >= start_ns)
                          & (pl.col("ts_ns") < end_ns))
-    g = graph.g
-    keep = set(nodes["node"].to_list())
-    order = [n for n in _topo(g, keep)]
-    pos = {n: i for i, n in enumerate(order)}
+    # graph positions of the kept nodes (graph.ids is sorted, so a position orders as its id)
+    kept = np.searchsorted(graph.ids, nodes["node"].to_numpy())
+    order_pos = _topo(graph, kept)
+    order = graph.ids[order_pos].tolist()
     nodes = nodes.join(pl.DataFrame({"node": order, "_pos": range(len(order))},
                                     schema={"node": pl.Int64, "_pos": pl.Int64}), on="node"
                        ).sort("_pos")
@@ -118,11 +119,14 @@ def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: 
     if recompute_corr is not None and recompute_corr.height:
         rc = set(recompute_corr.filter(pl.col("rank") == rank)["correlation"].to_list())
         rec = np.array([c is not None and c in rc for c in corr], dtype=bool)
-    preds: list[list[tuple[int, str]]] = [[] for _ in order]
-    for i, n in enumerate(order):
-        for p, _, k in g.in_edges(n, data="kind"):
-            if p in pos:
-                preds[i].append((pos[p], k))
+    at = np.full(graph.n_nodes, -1, dtype=np.int64)  # graph position → episode position
+    at[order_pos] = np.arange(len(order_pos))
+    in_ptr, in_edge = graph.in_ptr.tolist(), graph.in_edge
+    e_at, e_kind = at[graph.src[in_edge]].tolist(), graph.kind[in_edge].tolist()
+    preds: list[list[tuple[int, str]]] = [
+        [(e_at[j], EDGE_KINDS[e_kind[j]]) for j in range(in_ptr[p], in_ptr[p + 1])
+         if e_at[j] >= 0]
+        for p in order_pos.tolist()]
     ts = nodes["ts_ns"].to_numpy().astype(np.int64)
     te = nodes["end_ns"].to_numpy().astype(np.int64)
     lat = [ts[i] - ts[p] for i in range(len(order)) if is_gpu[i]
@@ -133,27 +137,31 @@ def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: 
                    rec, preds, max(lat_typ, 1 * _US))
 
 
-def _topo(g: Any, keep: set[int]) -> list[int]:
-    """Kahn's order of the kept nodes, ties by id (ids follow the trace's time order)."""
+def _topo(graph: TimelineGraph, keep: np.ndarray) -> np.ndarray:
+    """Kahn's order of the kept graph positions, ties by id (ids follow the trace's time order;
+    positions order as ids)."""
     import heapq
 
-    indeg = {n: 0 for n in keep}
-    for n in keep:
-        for s in g.successors(n):
-            if s in keep:
-                indeg[s] += 1
-    ready = [n for n, d in indeg.items() if d == 0]
+    inside = np.zeros(graph.n_nodes, dtype=bool)
+    inside[keep] = True
+    sub = inside[graph.src] & inside[graph.dst]
+    src, dst = graph.src[sub], graph.dst[sub]
+    o = np.argsort(src, kind="stable")
+    succ_ptr = np.zeros(graph.n_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=graph.n_nodes), out=succ_ptr[1:])
+    ptr, succ = succ_ptr.tolist(), dst[o].tolist()
+    indeg = np.bincount(dst, minlength=graph.n_nodes).tolist()
+    ready = [n for n in np.unique(keep).tolist() if indeg[n] == 0]
     heapq.heapify(ready)
     out: list[int] = []
     while ready:
         n = heapq.heappop(ready)
         out.append(n)
-        for s in g.successors(n):
-            if s in keep:
-                indeg[s] -= 1
-                if indeg[s] == 0:
-                    heapq.heappush(ready, s)
-    return out
+        for s in succ[ptr[n]:ptr[n + 1]]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, s)
+    return np.array(out, dtype=np.int64)
 
 
 # --------------------------------------------------------------------------- replay

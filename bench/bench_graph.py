@@ -84,8 +84,8 @@ def main() -> int:
             critical_path_section(tr, steps, graph=g)
             t2 = time.perf_counter()
             build, cp = min(build, t1 - t0), min(cp, t2 - t1)
-        print(f"{n}× | {tr.events.height:,} | {g.g.number_of_nodes():,} | "
-              f"{g.g.number_of_edges():,} | {'yes' if g.aggregated else 'no'} | {build:.2f} | "
+        print(f"{n}× | {tr.events.height:,} | {g.n_nodes:,} | "
+              f"{g.n_edges:,} | {'yes' if g.aggregated else 'no'} | {build:.2f} | "
               f"{cp:.2f} | {steps.height}")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {rss:.0f} MiB")

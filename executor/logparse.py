@@ -166,7 +166,7 @@ def _num(text: str, kind: type) -> Any:
         return None
     try:
         return int(float(t)) if kind is int else float(t)
-    except ValueError:
+    except (ValueError, OverflowError):  # `nan` / `inf` (or `1e309`) where a count belongs
         return None
 
 
@@ -327,7 +327,16 @@ def parse_file(path: str | Path) -> ParsedLog:
 def _frame(rows: list[dict[str, Any]], schema: pl.Schema) -> pl.DataFrame:
     if not rows:
         return pl.DataFrame(schema=schema)
-    return pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row")
+    return pl.DataFrame([{k: _int64(r.get(k)) for k in schema} for r in rows], schema=schema,
+                        orient="row")
+
+
+def _int64(value: Any) -> Any:
+    """An integer past Int64 (a garbled `iteration 99999999999999999999999/`) is unknown: polars
+    would refuse the whole frame."""
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        return None
+    return value
 
 
 def iteration_args(iterations: pl.DataFrame) -> dict[str, int]:

@@ -100,6 +100,7 @@ def analyze(
     audit: bool = True,
     reference_step_s: float | None = None,
     allow_mixed_runs: bool = False,
+    extra_sections: Sequence[Any] = (),
 ) -> Analysis:
     """Read the traces once; diagnose them and, when the contract claims anything, audit it.
 
@@ -108,6 +109,8 @@ def analyze(
     `reference_step_s`: the run's unprofiled step time (its log's iterations), which the what-if
     estimates start from (a profiled step runs slower). `allow_mixed_runs`: analyse files that are
     not ranks of one run together (`moetune.analyzer.run_identity`) instead of refusing them.
+    `extra_sections`: more `moetune.analyzer.diagnose.Section`s to run in the same pass (e.g. the
+    `--top` tables), after the standard ones.
     """
     from moetune.analyzer import diagnose as diag
     from moetune.analyzer.readers import expand, load_trace
@@ -121,7 +124,7 @@ def analyze(
     trace = load_trace(plist, allow_mixed_runs=allow_mixed_runs)
     return analyze_trace(trace, con, files=files, window=window,
                          step_range=step_range, full=full, audit=audit,
-                         reference_step_s=reference_step_s)
+                         reference_step_s=reference_step_s, extra_sections=extra_sections)
 
 
 def analyze_trace(
@@ -134,6 +137,7 @@ def analyze_trace(
     full: bool = True,
     audit: bool = True,
     reference_step_s: float | None = None,
+    extra_sections: Sequence[Any] = (),
 ) -> Analysis:
     """`analyze` for an already-read Trace (analyzer/frames.py)."""
     from moetune.analyzer import diagnose as diag
@@ -142,7 +146,7 @@ def analyze_trace(
     con = read_contract(contract)
     doc = _plain(con)
     run = AuditRun(con, trace) if con is not None and audit else None
-    sections = list(diag.SECTIONS) if full else []
+    sections = [*diag.SECTIONS, *extra_sections] if full else list(extra_sections)
     classes = None
     if run is not None and run.todo and run.gpu_rows:
         sections.append(("audit", run.section))

@@ -22,6 +22,9 @@ COMMANDS: dict[str, str] = {
     "run": "run_cmd",
     "tune": "tune",
     "ledger": "ledger",
+    "report": "report",
+    "diff": "diff",
+    "annotate": "annotate",
 }
 
 

@@ -82,3 +82,172 @@ def render_warnings(warnings: list[str], console: Console | None = None) -> None
     err = console or Console(stderr=True, highlight=False, soft_wrap=True)
     for w in warnings:
         err.print(f"warning: {w}", markup=False)
+
+
+_NOISE_PREFIXES = ("at::native::", "(anonymous namespace)::", "<unnamed>::", "at_cuda_detail::",
+                   "cub::", "at::", "c10::")
+
+
+def _short_name(name: str | None, limit: int = 72) -> str:
+    """A kernel or op name that fits a table column: return type and namespaces that every
+    PyTorch kernel shares dropped (they hide what tells two kernels apart), then cut."""
+    n = (name or "?").removeprefix("void ")
+    for p in _NOISE_PREFIXES:
+        n = n.replace(p, "")
+    if len(n) > limit and "<" in n:
+        n = _template_label(n)
+    return n if len(n) <= limit else n[: limit - 1] + "…"
+
+
+def _template_label(n: str) -> str:
+    """`kernel<4, FillFunctor<float>, …>(…)` → `kernel<FillFunctor>`: the first argument that is
+    not a number is what tells instantiations apart."""
+    base, _, rest = n.partition("<")
+    depth, arg, args = 0, "", []
+    for ch in rest:
+        if ch == "<":
+            depth += 1
+            continue
+        if ch == ">":
+            if depth == 0:
+                break
+            depth -= 1
+            continue
+        if ch == "," and depth == 0:
+            args.append(arg.strip())
+            arg = ""
+            continue
+        arg += ch if depth == 0 else ""
+    args.append(arg.strip())
+    named = [a for a in args if a and not a.replace(".", "").replace("u", "").isdigit()]
+    return f"{base}<{named[0].split('(')[0].split('::')[-1]}>" if named else base
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def render_top(doc: dict[str, Any], console: Console | None = None) -> None:
+    """`diagnose --top N`: top kernels by GPU time, top host ops by self time, copy kinds; times
+    per step and rank (the document's totals over `top.rank_steps`)."""
+    out = console or Console(highlight=False, soft_wrap=True)
+    top = doc.get("top") or {}
+    n = max(int(top.get("rank_steps") or 1), 1)
+    if top.get("kernels"):
+        t = Table(title="top GPU kernels (per step and rank)", title_justify="left",
+                  show_edge=False, box=None, pad_edge=False)
+        for col, just in (("kernel", "left"), ("class", "left"), ("count", "right"),
+                          ("total", "right"), ("share", "right")):
+            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        for r in top["kernels"]:
+            t.add_row(Text(_short_name(r["name"], max(28, out.width - 52))), Text(r["kclass"] or "—"),
+                      f"{r['count'] / n:,.1f}", f"{r['time_s'] / n * 1e3:,.3f} ms", _pct(r["share"]))
+        out.print(t)
+    if top.get("ops"):
+        t = Table(title="top host ops by self time (per step and rank)", title_justify="left",
+                  show_edge=False, box=None, pad_edge=False)
+        for col, just in (("op", "left"), ("count", "right"), ("self", "right"),
+                          ("total", "right"), ("share", "right")):
+            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        for r in top["ops"]:
+            t.add_row(Text(_short_name(r["name"], max(40, out.width - 40))), f"{r['count'] / n:,.1f}",
+                      f"{r['self_s'] / n * 1e3:,.3f} ms", f"{r['total_s'] / n * 1e3:,.3f} ms",
+                      _pct(r["share"]))
+        out.print(t)
+    elif top:
+        out.print("top host ops: none in this trace (no PyTorch ops recorded)")
+    copies = (doc.get("evidence") or {}).get("copies") or {}
+    rows = sorted(((k, m, c) for k, by in copies.items() for m, c in by.items() if c.get("count")),
+                  key=lambda r: (-r[2]["time_s"], r[0], r[1]))
+    if rows:
+        t = Table(title="copies by direction and memory (per step and rank)", title_justify="left",
+                  show_edge=False, box=None, pad_edge=False)
+        for col in ("copy", "memory", "count", "bytes", "time"):
+            t.add_column(col, justify="left" if col in ("copy", "memory") else "right", no_wrap=True)
+        for k, m, c in rows:
+            t.add_row(k, m, f"{c['count'] / n:,.1f}", _bytes(c["bytes"] / n),
+                      f"{c['time_s'] / n * 1e3:,.3f} ms")
+        out.print(t)
+
+
+def quiet_lines(doc: dict[str, Any]) -> list[str]:
+    """`diagnose --quiet`: the verdict alone, one line: step time, dominant wall and its share."""
+    w = doc.get("dominant_wall")
+    share = (doc.get("walls") or {}).get(w) if w else None
+    return [f"step {_ms(doc.get('step_time_s'))} · dominant {w or '—'}"
+            + (f" {_pct(share)}" if share is not None else "")]
+
+
+def _delta_ms(p: dict[str, Any]) -> str:
+    if p.get("a") is None or p.get("b") is None:
+        return "—"
+    return f"{p['a'] * 1e3:,.2f} → {p['b'] * 1e3:,.2f} ms ({p['delta'] * 1e3:+,.2f})"
+
+
+def render_diff(doc: dict[str, Any], console: Console | None = None) -> None:
+    """`moetune diff`: step time with noise and gain, walls, classes, kernels, ops, groups,
+    backend changes, memory."""
+    out = console or Console(highlight=False, soft_wrap=True)
+    st = doc["step_time"]
+    a, b = st["a"], st["b"]
+    out.print(Text(f"moetune diff  A: {doc['a']['label']}  B: {doc['b']['label']}", style="bold"))
+
+    def side(s: dict[str, Any]) -> str:
+        if s.get("median_s") is None:
+            return "—"
+        return (f"{s['median_s'] * 1e3:,.2f} ms ± {s['noise_s'] * 1e3:,.2f} "
+                f"({s['n']} step{'s' if s['n'] != 1 else ''})")
+
+    line = f"step time: A {side(a)} · B {side(b)}"
+    if st.get("delta_pct") is not None:
+        verdict = ("within noise" if not st["beyond_noise"]
+                   else "faster" if st["delta_s"] < 0 else "slower")
+        line += f" · Δ {st['delta_pct']:+.1f} % ({verdict}; speedup {st['speedup'] * 100:+.1f} %)"
+    out.print(line, markup=False)
+    if doc["source"] == "ledger":
+        mem = doc["memory"]["peak_allocated_gib"]
+        if mem["a"] is not None or mem["b"] is not None:
+            out.print(f"peak allocated memory: {mem['a']} → {mem['b']} GiB", markup=False)
+        return
+    t = Table(show_edge=False, box=None, pad_edge=False)
+    for col, just in (("wall (exposed, median step)", "left"), ("A → B", "right")):
+        t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    for w in WALL_ORDER:
+        t.add_row(w, _delta_ms(doc["walls"][w]))
+    out.print(t)
+    lp = doc.get("launches_per_step") or {}
+    if lp.get("a") is not None and lp.get("b") is not None:
+        out.print(f"launches per step: {lp['a']:,.0f} → {lp['b']:,.0f}", markup=False)
+    for f in doc.get("observed") or []:
+        out.print(f"observed: {f['text']}", markup=False)
+    for f in doc.get("audit") or []:
+        out.print(f"audit: {f['text']}", markup=False)
+    for title, rows, key in (("kernel classes", doc.get("classes"), "kclass"),
+                             ("kernels", doc.get("kernels"), "name"),
+                             ("host ops (self time)", doc.get("ops"), "name")):
+        if not rows:
+            continue
+        t = Table(title=f"{title} by |Δ| (per step and rank)", title_justify="left",
+                  show_edge=False, box=None, pad_edge=False)
+        for col, just in ((key if key == "kclass" else "name", "left"), ("", "left"),
+                          ("A", "right"), ("B", "right"), ("Δ", "right")):
+            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        for r in rows:
+            t.add_row(Text(_short_name(r[key], max(34, out.width - 46))), r["status"],
+                      f"{r['a_s'] * 1e3:,.3f} ms",
+                      f"{r['b_s'] * 1e3:,.3f} ms", f"{r['delta_s'] * 1e3:+,.3f} ms")
+        out.print(t)
+    groups = doc.get("comm_groups") or {}
+    if groups:
+        out.print("communication by process group (per step and rank): " + " · ".join(
+            f"{role.replace('_', ' ')} {_delta_ms(p)}" for role, p in groups.items()), markup=False)
+    mem = doc["memory"]
+    pa, pr = mem["peak_allocated_gib"], mem["peak_reserved_gib"]
+    if any(v is not None for v in (pa["a"], pa["b"], pr["a"], pr["b"])):
+        out.print(f"device memory peak: allocated {pa['a']} → {pa['b']} GiB, reserved "
+                  f"{pr['a']} → {pr['b']} GiB", markup=False)
+    else:
+        out.print("device memory peak: unknown (no allocator events in either trace)")

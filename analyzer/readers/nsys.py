@@ -39,6 +39,7 @@ from moetune.analyzer.frames import (
     copy_mem,
     empty,
 )
+from moetune.analyzer.readers.kineto import MAX_DUR_NS
 from moetune.analyzer.readers.nsys_db import NSYS_MARKERS, Db
 from moetune.analyzer.readers.nsys_source import sqlite_file
 
@@ -196,11 +197,20 @@ def _read(db: Db, path: Path, first_rank: int) -> Trace:
     # Time order (as the Kineto reader gives); one key keeps the sort cheap on 10M-row exports.
     events = conform(pl.concat(parts, how="diagonal_relaxed"), EVENTS_SCHEMA).sort("ts_ns")
     del parts
+    # nsys times count from the session start: a start over 7 days before it or a span over 7 days
+    # (the Kineto reader's CUPTI-overflow bound) is a damaged row, dropped and counted
+    impossible = (pl.col("ts_ns") < -MAX_DUR_NS) | (pl.col("dur_ns") > MAX_DUR_NS)
+    n_impossible = events.select(impossible.fill_null(False).sum()).item()
+    if n_impossible:
+        events = events.filter(~impossible.fill_null(False))
 
     world = int(real["nranks"].max()) if real is not None and real.height else None
     ranks = _ranks(db, pairs, path, mode, nccl=nccl, world=world, named=named)
 
     warnings: list[str] = [
+        f"{path.name}: {n_impossible} event(s) with an impossible time (a start over 7 days "
+        "before the capture, or a duration over 7 days) dropped"] if n_impossible else []
+    warnings += [
         f"{path.name}: process {pid} launched {n:,} kernel(s) but the export holds none of its GPU "
         "work (CUPTI records lost, or its kernels ran outside the capture): not analysed as a rank"
         for pid, n in unranked

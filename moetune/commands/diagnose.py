@@ -1,5 +1,5 @@
 """`moetune diagnose PATH... [--window A:B] [--json] [--contract FILE] [--step-range NAME]
-[--allow-mixed-runs]`."""
+[--allow-mixed-runs] [--top N] [--quiet]`."""
 
 from __future__ import annotations
 
@@ -29,25 +29,43 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--allow-mixed-runs", action="store_true",
                    help="analyse files together even when their metadata says they are not ranks "
                    "of one run (refused by default)")
+    p.add_argument("--top", type=int, metavar="N",
+                   help="also show the top N kernels by GPU time, host ops by self time and the "
+                   "copies by kind (adds `top` to --json)")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="for scripts: one verdict line (with --json: the document), no hints, "
+                   "warnings or progress; errors still go to stderr")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from moetune.analysis import analyze
-    from moetune.render import render_diagnosis, render_warnings
+    from moetune.analyzer.top import top_section
+    from moetune.progress import describe, progress
+    from moetune.render import quiet_lines, render_diagnosis, render_top, render_warnings
 
     paths = list(args.paths) or [DEFAULT_TRACE]
     if not args.paths and not DEFAULT_TRACE.exists():
         raise UserError("no PATH given and the default example trace is missing", path=DEFAULT_TRACE)
-    doc = analyze(paths, args.contract, window=args.window, step_range=args.step_range,
-                  audit=False, allow_mixed_runs=args.allow_mixed_runs).diagnosis
+    if args.top is not None and args.top < 1:
+        raise UserError("--top must be at least 1")
+    extra = [top_section(args.top)] if args.top else []
+    with progress(f"reading and analysing {describe(paths)}", enabled=not args.quiet):
+        doc = analyze(paths, args.contract, window=args.window, step_range=args.step_range,
+                      audit=False, allow_mixed_runs=args.allow_mixed_runs,
+                      extra_sections=extra).diagnosis
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    elif args.quiet:
+        print("\n".join(quiet_lines(doc)))
     else:
         render_diagnosis(doc)
+        if args.top:
+            render_top(doc)
         shown = " ".join(str(p) for p in args.paths) if args.paths else "<trace>"
         given = shlex.quote(args.contract) if args.contract else "FILE"  # the one given, if any
         print(f"next: moetune recommend {shown} --contract {given}  ·  "
               f"moetune audit --contract {given} {shown}", file=sys.stderr)
-    render_warnings(doc.get("warnings", []))
+    if not args.quiet:
+        render_warnings(doc.get("warnings", []))
     return 0

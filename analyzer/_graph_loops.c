@@ -1,0 +1,188 @@
+/* The timeline graph's sequential loops over its arrays (analyzer/graph.py: CSR by node
+ * position), compiled: each follows edges one at a time, which nothing vectorises.
+ *
+ * Fast paths, not second definitions: each has the same loop in Python beside its caller (used
+ * when this module is not built), and tests check both give equal results
+ * (tests/test_graph_arrays.py).
+ *
+ * acyclic(ptr, succ): Kahn's algorithm over a CSR of successors (ptr int64, n + 1; succ int64
+ *   local positions 0..n-1) → True when every node is ordered. Python: graph._acyclic.
+ *
+ * The critical-path walk of one step window (analyzer/critical_path.py `_walk_py`): it visits
+ * every op on the path and every edge into it. Segments are built from its records in Python.
+ *
+ * walk(ts, en, rank, in_ptr, in_src, in_kind, in_via, sink, rank_id, start_ns, end_ns)
+ *   ts, en, rank: int64 per node position; in_ptr: int64, n + 1; in_src, in_via: int64 per
+ *   in-edge (via -1 = none); in_kind: int8 per in-edge, index into graph.EDGE_KINDS.
+ * → (records, hi, cut): records a list of (v, lo_v, hi, best, best_rel, best_kind, best_via),
+ *   best = -1 when v has no predecessor on this rank (the walk ended there); hi the path's lower
+ *   end when the loop stopped on its own condition, cut = 1 then (0 when it ended at a source).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* graph.EDGE_KINDS order: launch, stream, host, sync, event_wait, collective */
+enum { K_LAUNCH = 0, K_STREAM = 1, K_HOST = 2, K_SYNC = 3, K_EVENT_WAIT = 4, K_COLLECTIVE = 5 };
+/* critical_path._PRIORITY by kind code: equal releases prefer the stronger dependency */
+static const int PRIORITY[6] = {4, 3, 5, 0, 1, 2};
+
+static int get_buf(PyObject *o, Py_buffer *b, Py_ssize_t itemsize, const char *what) {
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (b->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: expected items of %zd bytes", what, itemsize);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *walk(PyObject *self, PyObject *args) {
+    PyObject *o[7];
+    long long sink, rank_id, start_ns, end_ns;
+    if (!PyArg_ParseTuple(args, "OOOOOOOLLLL", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
+                          &sink, &rank_id, &start_ns, &end_ns))
+        return NULL;
+    Py_buffer b[7];
+    const Py_ssize_t size[7] = {8, 8, 8, 8, 8, 1, 8};
+    static const char *names[7] = {"ts", "en", "rank", "in_ptr", "in_src", "in_kind", "in_via"};
+    int got = 0;
+    PyObject *records = NULL, *out = NULL;
+    unsigned char *seen = NULL;
+    for (; got < 7; got++)
+        if (get_buf(o[got], &b[got], size[got], names[got]) < 0) goto done;
+    const int64_t *ts = b[0].buf, *en = b[1].buf, *rank = b[2].buf, *in_ptr = b[3].buf,
+                  *in_src = b[4].buf, *in_via = b[6].buf;
+    const int8_t *in_kind = b[5].buf;
+    Py_ssize_t n = b[0].len / 8, m = b[4].len / 8;
+    if (b[1].len / 8 != n || b[2].len / 8 != n || b[3].len / 8 != n + 1 || b[5].len != m ||
+        b[6].len / 8 != m || sink < 0 || sink >= n) {
+        PyErr_SetString(PyExc_ValueError, "walk: array lengths or sink out of range");
+        goto done;
+    }
+    seen = calloc(n ? n : 1, 1);
+    records = PyList_New(0);
+    if (!seen || !records) {
+        if (!seen) PyErr_NoMemory();
+        goto done;
+    }
+    int64_t hi = en[sink] < end_ns ? en[sink] : end_ns;
+    int64_t v = sink;
+    int cut = 1;
+    while (v >= 0 && hi > start_ns && !seen[v]) {
+        seen[v] = 1;
+        int64_t best = -1, best_rel = 0, best_via = -1;
+        int best_kind = -1, best_pri = 0;
+        const int64_t ts_v = ts[v], en_v = en[v];
+        for (int64_t j = in_ptr[v]; j < in_ptr[v + 1]; j++) {
+            if (j < 0 || j >= m) continue;
+            int64_t u = in_src[j];
+            if (u < 0 || u >= n || rank[u] != rank_id) continue;  /* another rank */
+            int k = in_kind[j];
+            if (k < 0 || k > 5) continue;
+            int64_t rel;
+            if (k == K_COLLECTIVE) {
+                rel = ts[u];
+            } else {
+                rel = en[u];
+                if (k == K_LAUNCH && rel > ts_v) rel = ts_v > ts[u] ? ts_v : ts[u];
+            }
+            int64_t con = (k == K_SYNC || k == K_COLLECTIVE) ? en_v : ts_v;
+            if (rel > con) rel = con;
+            if (rel > hi) rel = hi;
+            int pri = PRIORITY[k];
+            if (best < 0 || rel > best_rel || (rel == best_rel && pri < best_pri)) {
+                best = u; best_rel = rel; best_kind = k; best_via = in_via[j]; best_pri = pri;
+            }
+        }
+        int64_t lo_v = ts_v;
+        if (best >= 0 && best_rel > lo_v) lo_v = best_rel;
+        if (start_ns > lo_v) lo_v = start_ns;
+        if (hi < lo_v) lo_v = hi;
+        PyObject *rec = Py_BuildValue("(LLLLLiL)", (long long)v, (long long)lo_v, (long long)hi,
+                                      (long long)best, (long long)best_rel, best_kind,
+                                      (long long)best_via);
+        if (!rec || PyList_Append(records, rec) < 0) {
+            Py_XDECREF(rec);
+            goto done;
+        }
+        Py_DECREF(rec);
+        if (best < 0) {
+            cut = 0;
+            break;
+        }
+        hi = best_rel < lo_v ? best_rel : lo_v;
+        v = best;
+    }
+    out = Py_BuildValue("(OLi)", records, (long long)hi, cut);
+done:
+    Py_XDECREF(records);
+    free(seen);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    return out;
+}
+
+static PyObject *acyclic(PyObject *self, PyObject *args) {
+    PyObject *po, *so;
+    if (!PyArg_ParseTuple(args, "OO", &po, &so)) return NULL;
+    Py_buffer pb, sb;
+    if (get_buf(po, &pb, 8, "ptr") < 0) return NULL;
+    if (get_buf(so, &sb, 8, "succ") < 0) {
+        PyBuffer_Release(&pb);
+        return NULL;
+    }
+    const int64_t *ptr = pb.buf, *succ = sb.buf;
+    Py_ssize_t n = pb.len / 8 - 1, m = sb.len / 8;
+    PyObject *out = NULL;
+    int64_t *indeg = NULL, *ready = NULL;
+    if (n < 0 || (n >= 0 && (ptr[0] != 0 || ptr[n] != m))) {
+        PyErr_SetString(PyExc_ValueError, "acyclic: ptr does not index succ");
+        goto done;
+    }
+    indeg = calloc(n ? n : 1, sizeof(int64_t));
+    ready = malloc((n ? n : 1) * sizeof(int64_t));
+    if (!indeg || !ready) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < m; j++) {
+        if (succ[j] < 0 || succ[j] >= n) {
+            PyErr_SetString(PyExc_ValueError, "acyclic: successor out of range");
+            goto done;
+        }
+        indeg[succ[j]]++;
+    }
+    Py_ssize_t top = 0, done_n = 0;
+    for (Py_ssize_t u = 0; u < n; u++)
+        if (indeg[u] == 0) ready[top++] = u;
+    while (top) {
+        int64_t u = ready[--top];
+        done_n++;
+        for (int64_t j = ptr[u]; j < ptr[u + 1]; j++)
+            if (--indeg[succ[j]] == 0) ready[top++] = succ[j];
+    }
+    out = PyBool_FromLong(done_n == n);
+done:
+    free(indeg);
+    free(ready);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&sb);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"acyclic", acyclic, METH_VARARGS, "Kahn's check over a CSR of successors (module doc)."},
+    {"walk", walk, METH_VARARGS, "Critical-path walk of one step window (see the module doc)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_graph_loops",
+    "The timeline graph's sequential loops, compiled (see the source's head comment).",
+    -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__graph_loops(void) { return PyModule_Create(&module); }

@@ -1,0 +1,134 @@
+"""`moetune diff A B [--json] [--top N] [--fail-if-slower PCT] [--contract-a FILE]
+[--contract-b FILE]` and `moetune diff --ledger DB RUN_A RUN_B`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from moetune.errors import GateFailed, UserError
+
+CONTRACT_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "diff",
+        help="compare two runs: step time and noise, walls, kernels, comm, backends, memory",
+        description="Compare run A (before) with run B (after): two traces or rank directories, "
+        "or with --ledger two runs of a tune ledger (their ids, as `moetune ledger` lists them).",
+    )
+    p.add_argument("a", metavar="A", help="the run before: a trace file or rank directory "
+                   "(with --ledger: a run id)")
+    p.add_argument("b", metavar="B", help="the run after")
+    p.add_argument("--ledger", metavar="DB", type=Path, help="compare two runs of this ledger")
+    p.add_argument("--contract-a", metavar="FILE",
+                   help="A's measurement contract (YAML/JSON) or Megatron log: model shape, audit")
+    p.add_argument("--contract-b", metavar="FILE", help="B's contract or Megatron log")
+    p.add_argument("--window", metavar="A:B", help="analyze steps A..B of both runs")
+    p.add_argument("--step-range", metavar="NAME", help="annotation/NVTX range that marks one step")
+    p.add_argument("--top", type=int, default=10, metavar="N",
+                   help="rows per table (classes, kernels, ops) by |Δ| (default 10)")
+    p.add_argument("--fail-if-slower", type=float, metavar="PCT",
+                   help="exit 1 when B's step time is more than PCT %% slower than A's beyond "
+                   "the step-to-step noise of both")
+    p.add_argument("--json", action="store_true", help="print only the diff document (JSON)")
+    return p
+
+
+def _contract(path: str | None) -> tuple[Any, dict[str, Any]]:
+    """(contract for analyze or None, model fields): a contract file, or a Megatron log."""
+    from moetune.analysis import read_contract
+    from moetune.analyzer.contract import thaw
+    from moetune.analyzer.megatron_args import contract_from_log
+    from moetune.compare import model_of
+
+    if path is None:
+        return None, {}
+    p = Path(path)
+    if p.suffix.lower() in CONTRACT_SUFFIXES:
+        con = read_contract(p)
+        return con, model_of(thaw(con) if con is not None else None)
+    try:
+        text = p.read_text(errors="replace")
+    except FileNotFoundError:
+        raise UserError("no such file", path=p) from None
+    except OSError as exc:
+        raise UserError(f"cannot read: {exc.strerror or exc}", path=p) from None
+    found = contract_from_log(text)
+    if not found:
+        raise UserError("neither a contract (.yaml/.json) nor a Megatron log with arguments",
+                        path=p)
+    return None, model_of(found)
+
+
+def _ledger_doc(args: argparse.Namespace, model_a: dict, model_b: dict) -> dict[str, Any]:
+    from moetune.compare import diff_ledger_runs, model_of
+    from moetune.executor.ledger import Ledger
+
+    if not args.ledger.exists():
+        raise UserError("no ledger here", path=args.ledger)
+    ids = []
+    for x in (args.a, args.b):
+        try:
+            ids.append(int(x))
+        except ValueError:
+            raise UserError(f"{x!r} is not a run id (with --ledger, A and B are run ids as "
+                            "`moetune ledger` lists them)", path=args.ledger) from None
+    with Ledger.open_readonly(args.ledger) as led:
+        runs = {r["id"]: r for r in led.runs()}
+        sessions = {s["id"]: s for s in led.sessions()}
+    picked = []
+    for i in ids:
+        r = runs.get(i)
+        if r is None:
+            raise UserError(f"has no run {i}", path=args.ledger)
+        if not (r.get("metrics") or {}).get("step_ms_all"):
+            raise UserError(f"run {i} recorded no step times (status {r.get('status')})",
+                            path=args.ledger)
+        picked.append(r)
+    if not model_a:
+        model_a = model_of((sessions.get(picked[0]["session"]) or {}).get("contract"))
+    if not model_b:
+        model_b = model_of((sessions.get(picked[1]["session"]) or {}).get("contract"))
+    return diff_ledger_runs(picked[0], picked[1], model_a=model_a, model_b=model_b)
+
+
+def run(args: argparse.Namespace) -> int:
+    from moetune.analysis import analyze
+    from moetune.analyzer.top import top_section
+    from moetune.compare import diff_analyses
+    from moetune.progress import describe, progress
+    from moetune.render import render_diff, render_warnings
+
+    if args.top < 1:
+        raise UserError("--top must be at least 1")
+    con_a, model_a = _contract(args.contract_a)
+    con_b, model_b = _contract(args.contract_b)
+    if args.ledger is not None:
+        doc = _ledger_doc(args, model_a, model_b)
+    else:
+        analyses = []
+        for p, con in zip((args.a, args.b), (con_a, con_b), strict=True):
+            with progress(f"reading and analysing {p} ({describe([p])})"):
+                analyses.append(analyze([p], con, window=args.window, step_range=args.step_range,
+                                        audit=con is not None, extra_sections=[top_section(None)]))
+        doc = diff_analyses(*analyses, top=args.top, labels=(args.a, args.b),
+                            model_a=model_a or None, model_b=model_b or None)
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    else:
+        render_diff(doc)
+    render_warnings(doc["warnings"])
+    gate = args.fail_if_slower
+    if gate is not None:
+        slower = doc["step_time"]["slower_beyond_noise_pct"]
+        if slower is None:
+            raise UserError("--fail-if-slower: no step time on one side to compare")
+        if slower > gate:
+            raise GateFailed(f"B is {slower:.1f} % slower than A beyond the noise "
+                             f"(limit {gate:g} %)")
+    return 0

@@ -1,0 +1,45 @@
+"""`moetune report PATH... [--contract FILE] [--ledger DB] [--baseline PATH] -o report.html`: one
+self-contained HTML page (opens offline) of the diagnosis, audit, advice and tune history."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "report", help="write one self-contained HTML report (charts, timeline, advice)",
+        description="Analyse the traces (one file or directory per rank) and write one HTML page "
+        "that opens offline: walls per step, the median step's timeline with its critical path, "
+        "top kernels and CPU ops, ranks, memory, the audit, the recommendations and, with a "
+        "ledger, the tune history. Needs the report extra: pip install 'moetune[report]'.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="trace files or directories")
+    p.add_argument("-o", "--output", required=True, type=Path, metavar="FILE",
+                   help="HTML file to write")
+    p.add_argument("--contract", metavar="FILE", help="measurement contract (YAML/JSON): audit it")
+    p.add_argument("--ledger", metavar="DB", help="tune ledger (SQLite): show the tune history")
+    p.add_argument("--baseline", metavar="PATH", action="append",
+                   help="baseline run's trace file or directory (repeatable): compare against it")
+    p.add_argument("--window", metavar="A:B", help="analyse steps A..B (inclusive step ids)")
+    p.add_argument("--step-range", metavar="NAME", help="annotation/NVTX range name that marks one step")
+    p.add_argument("--allow-mixed-runs", action="store_true",
+                   help="analyse files together even when their metadata says they are not ranks "
+                   "of one run (refused by default)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from moetune import report
+
+    report.plotly_modules()  # the missing extra is said before minutes of reading
+    data = report.collect(args.paths, args.contract, ledger=args.ledger, baseline=args.baseline,
+                          window=args.window, step_range=args.step_range,
+                          allow_mixed_runs=args.allow_mixed_runs)
+    out = report.write(data, args.output)
+    size = out.stat().st_size / 2**20
+    print(f"moetune report: wrote {out} ({size:.1f} MiB)", file=sys.stderr)
+    for why in filter(None, (data.problem, data.ledger_problem)):
+        print(f"moetune report: note: {why}", file=sys.stderr)
+    return 0

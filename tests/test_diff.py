@@ -1,0 +1,122 @@
+"""`moetune diff`: two runs side by side, on real pairs of traces and ledger runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from moetune.cli import main
+from moetune.compare import diff_analyses, step_delta, step_stats
+
+ROOT = Path(__file__).resolve().parent.parent
+TR = ROOT / "fixtures" / "traces"
+EAGER = TR / "grid_host_mbs8_grp_rcnone_a2a_eager"
+LOCAL = TR / "grid_host_mbs8_grp_rcnone_a2a_local"
+MEM = TR / "grid_mem_mbs4_grp_rcnone_a2a_eager"
+SEQ = TR / "gpu_experts_sequential"
+GRP = TR / "gpu_experts_grouped_mm"
+LEDGER = ROOT / "fixtures" / "ledgers" / "h200_tune_session_a.sqlite"
+SCHEMA = json.loads((ROOT / "schemas" / "diff.schema.json").read_text())
+
+
+def _diff(capsys: pytest.CaptureFixture[str], *args: str, rc: int = 0) -> tuple[dict[str, Any], str]:
+    assert main(["diff", *args, "--json"]) == rc
+    out = capsys.readouterr()
+    doc = json.loads(out.out)  # stdout holds the document alone
+    jsonschema.validate(doc, SCHEMA)
+    return doc, out.err
+
+
+def test_graph_replay_pair(capsys: pytest.CaptureFixture[str]) -> None:
+    doc, _ = _diff(capsys, str(EAGER / "trace.json.gz"), str(LOCAL / "trace.json.gz"))
+    assert doc["comparable"] and doc["source"] == "traces"
+    facts = {f["fact"]: f for f in doc["observed"]}
+    assert facts["cuda_graph_replay"]["text"] == "graph replay: no → yes"
+    lp = doc["launches_per_step"]
+    assert lp["b"] < lp["a"]  # the graphs replace launches
+    ops = {r["name"]: r for r in doc["ops"]}
+    assert ops["_CudagraphReplayNode"]["status"] == "appeared"
+    st = doc["step_time"]
+    assert st["a"]["n"] == 1 and st["a"]["noise_s"] == 0.0 and st["delta_s"] is not None
+
+
+def test_grouped_gemm_pair_and_gate(capsys: pytest.CaptureFixture[str]) -> None:
+    doc, _ = _diff(capsys, str(SEQ), str(GRP), "--fail-if-slower", "5")  # B faster: passes
+    st = doc["step_time"]
+    assert st["a"]["n"] == 3 and st["b"]["median_s"] < st["a"]["median_s"]
+    assert st["beyond_noise"] and st["speedup"] > 0 and st["slower_beyond_noise_pct"] == 0
+    classes = {r["kclass"]: r for r in doc["classes"]}
+    assert classes["compute.gemm.bf16"]["status"] == "disappeared"
+    assert classes["compute.gemm.grouped_cutlass"]["status"] == "appeared"
+    assert any(f["text"] == "grouped GEMM: no → yes" for f in doc["observed"])
+    kernels = {r["status"] for r in doc["kernels"]}
+    assert {"appeared", "disappeared"} <= kernels
+    assert {r["name"]: r["status"] for r in doc["ops"]}["aten::_grouped_mm"] == "appeared"
+    # reversed, B is the slow one: the CI gate fails with exit 1 and says why on one line
+    assert main(["diff", str(GRP), str(SEQ), "--fail-if-slower", "5"]) == 1
+    out = capsys.readouterr()
+    assert "slower than A beyond the noise" in out.err
+    assert "graph replay" not in out.out and "grouped GEMM: yes → no" in out.out
+
+
+def test_not_comparable(capsys: pytest.CaptureFixture[str]) -> None:
+    doc, err = _diff(capsys, str(EAGER), str(MEM), "--contract-a", str(EAGER / "train.log"),
+                     "--contract-b", str(MEM / "train.log"))
+    assert doc["comparable"] is False
+    assert any(w.startswith("different model: num_layers 3 vs 8") for w in doc["warnings"])
+    assert "warning: different model" in err
+
+
+def test_model_unknown_without_contracts(capsys: pytest.CaptureFixture[str]) -> None:
+    doc, err = _diff(capsys, str(EAGER), str(MEM))
+    assert "model shape not compared" in err and doc["comparable"]  # not known to differ
+
+
+def test_ledger_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    doc, err = _diff(capsys, "1", "3", "--ledger", str(LEDGER))
+    assert doc["source"] == "ledger" and doc["kernels"] is None
+    assert doc["step_time"]["a"]["n"] == 5 and doc["step_time"]["a"]["median_s"] == 0.4441
+    assert doc["step_time"]["b"]["median_s"] == 0.1507 and doc["step_time"]["speedup"] > 1
+    assert doc["memory"]["peak_allocated_gib"]["b"] > doc["memory"]["peak_allocated_gib"]["a"]
+    assert "not compared (ledger runs record no trace)" in err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["1", "3", "--ledger", "/nonexistent/ledger.sqlite"], "no ledger here"),
+    (["1", "999", "--ledger", str(LEDGER)], "has no run 999"),
+    (["1", "x", "--ledger", str(LEDGER)], "is not a run id"),
+    ([str(TR / "cpu_moe"), str(SEQ)], "no GPU events"),
+    ([str(SEQ), str(GRP), "--contract-a", "NOTES"], "neither a contract"),
+])
+def test_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str],
+                   says: str) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a run I liked\n")
+    assert main(["diff", *[str(notes) if a == "NOTES" else a for a in args]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+
+
+def test_pure_function_on_golden_documents() -> None:
+    """The report's entry point: two diagnosis documents in, the diff document out."""
+    gold = [json.loads((TR / name / "golden" / "diagnose.json").read_text())["document"]
+            for name in ("gpu_graphs_eager", "gpu_graphs_replay")]
+    doc = diff_analyses(*gold, labels=("eager", "replay"))
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["kernels"] is None  # the golden documents carry no `top` section
+    assert any(f["text"] == "graph replay: no → yes" for f in doc["observed"])
+    assert doc["a"]["label"] == "eager"
+
+
+def test_noise() -> None:
+    a = step_stats([0.100, 0.104, 0.102])
+    assert a == {"n": 3, "median_s": 0.102, "min_s": 0.1, "max_s": 0.104, "noise_s": 0.002}
+    inside = step_delta(a, step_stats([0.103, 0.105, 0.104]))  # +2 ms, noise 2 + 1 ms
+    assert inside["beyond_noise"] is False and inside["slower_beyond_noise_pct"] == 0
+    slower = step_delta(a, step_stats([0.120, 0.120]))
+    assert slower["beyond_noise"] and slower["slower_beyond_noise_pct"] == pytest.approx(15.69, abs=0.01)
+    assert step_delta(a, step_stats([]))["delta_s"] is None

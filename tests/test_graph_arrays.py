@@ -1,0 +1,224 @@
+"""The array-backed timeline graph: CSR in insertion order, networkx export, cycle breaking, and
+the compiled critical-path walk against the pure-Python one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from moetune.analyzer import critical_path as cp
+from moetune.analyzer import graph as graph_mod
+from moetune.analyzer.critical_path import (
+    _view,
+    _walk_arrays,
+    _walk_py,
+    critical_path,
+    step_windows,
+)
+from moetune.analyzer.graph import EDGE_KINDS, _arrays, _scc, build_graph
+from moetune.analyzer.readers import load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "fixtures" / "traces"
+CORPUS = ROOT.parent / "shared" / "corpus" / "public"
+
+
+def _real(name: str):
+    return load_trace([TRACES / name / "trace.json.gz"])
+
+
+@pytest.fixture(scope="module")
+def hostbound():
+    tr = _real("gpu_mcore_hostbound")
+    win = step_windows(tr)
+    lo, hi = int(win["win_start_ns"].min()), int(win["win_end_ns"].max())
+    return tr, win, build_graph(tr, window=(lo, hi))
+
+
+def test_in_edges_keep_insertion_order_and_match_the_export(hostbound) -> None:
+    _, _, g = hostbound
+    assert g.n_nodes == g.nodes.height and np.array_equal(g.ids, g.nodes["node"].to_numpy())
+    assert np.all(np.diff(g.ids) > 0)
+    assert g.in_ptr[-1] == g.n_edges == len(g.in_edge)
+    x = g.to_networkx()
+    assert list(x.nodes) == g.ids.tolist()
+    assert x.number_of_edges() == g.n_edges
+    # networkx's predecessor dicts are in insertion order: the CSR must give the same lists
+    # (walks and the replay break ties by that order)
+    for p in range(0, g.n_nodes, max(g.n_nodes // 2000, 1)):
+        e = g.in_edge[g.in_ptr[p]:g.in_ptr[p + 1]]
+        ours = [(int(g.ids[g.src[i]]), EDGE_KINDS[g.kind[i]]) for i in e]
+        theirs = [(u, d["kind"]) for u, d in x._pred[int(g.ids[p])].items()]
+        assert ours == theirs
+    counts = dict.fromkeys(EDGE_KINDS, 0)
+    for _, _, k in x.edges(data="kind"):
+        counts[k] += 1
+    assert g.edge_counts() == counts
+    ef = g.edges_frame()
+    assert ef.select("src", "dst").rows() == list(x.edges)
+    vias = {(u, v): d.get("via") for u, v, d in x.edges(data=True)}
+    assert dict(zip(zip(ef["src"], ef["dst"], strict=True), ef["via"], strict=True)) == vias
+    assert any(v is not None for v in vias.values())
+
+
+def test_compiled_walk_equals_the_python_walk_on_a_real_trace(hostbound) -> None:
+    if cp._walk_c is None:
+        pytest.skip("the compiled walk is not built")
+    _, win, g = hostbound
+    a = _walk_arrays(g)
+    view = _view(g, 0, a)
+    n = 0
+    for rank, step, lo, hi in win.iter_rows():
+        gpu = view.gpu_in(lo, hi)
+        for sink in gpu["pos"].to_list()[-200::7]:  # many sinks, not only each step's own
+            args = (a.ts, a.en, a.rank, a.in_ptr, a.in_src, a.in_kind, a.in_via)
+            assert cp._walk_c(*args, sink, rank, lo, hi) == _walk_py(a, sink, rank, lo, hi)
+            n += 1
+        assert critical_path(g, rank=rank, step=step, start_ns=lo, end_ns=hi, view=view) == \
+            critical_path(g, rank=rank, step=step, start_ns=lo, end_ns=hi, view=view,
+                          compiled=False)
+    assert n > 50
+
+
+@st.composite
+def dags(draw: st.DrawFn) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Random timelines with typed edges, some against time (the walk clips those), two ranks."""
+    n = draw(st.integers(2, 30))
+    ts = draw(st.lists(st.integers(0, 100), min_size=n, max_size=n))
+    dur = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
+    rank = draw(st.lists(st.sampled_from([0, 0, 0, 1]), min_size=n, max_size=n))
+    pairs = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1),
+                                    st.sampled_from(EDGE_KINDS), st.integers(-1, 3)),
+                          max_size=70))
+    seen, rows = set(), []
+    for u, v, k, via in pairs:
+        if u != v and (u, v) not in seen:
+            seen.add((u, v))
+            rows.append((u, v, k, None if via < 0 else via))
+    nodes = pl.DataFrame({
+        "node": list(range(n)), "rank": rank, "ts_ns": ts,
+        "end_ns": [t + d for t, d in zip(ts, dur, strict=True)],
+        "wall": [["compute", "communication", "host", "memory"][i % 4] for i in range(n)],
+    }, schema={"node": pl.Int64, "rank": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64,
+               "wall": pl.String})
+    edges = pl.DataFrame(rows, schema={"src": pl.Int64, "dst": pl.Int64, "kind": pl.String,
+                                       "via": pl.Int64}, orient="row")
+    return nodes, edges
+
+
+@settings(max_examples=300, deadline=None)
+@given(dags(), st.integers(0, 60), st.integers(60, 160))
+def test_compiled_walk_equals_the_python_walk(tl, lo: int, hi: int) -> None:
+    if cp._walk_c is None:
+        pytest.skip("the compiled walk is not built")
+    nodes, edges = tl
+    g = _arrays(nodes, pl.DataFrame(), edges, None, {}, False)
+    a = _walk_arrays(g)
+    args = (a.ts, a.en, a.rank, a.in_ptr, a.in_src, a.in_kind, a.in_via)
+    for sink in range(g.n_nodes):
+        for rank in (0, 1):
+            assert cp._walk_c(*args, sink, rank, lo, hi) == _walk_py(a, sink, rank, lo, hi)
+
+
+@settings(max_examples=300, deadline=None)
+@given(dags())
+def test_cycle_breaking_drops_what_networkx_sccs_would(tl) -> None:
+    nodes, edges = tl
+    compiled = graph_mod._acyclic_c
+    for impl in {compiled, None}:  # the compiled check and the Python fallback
+        graph_mod._acyclic_c = impl
+        try:
+            _check_cycle_breaking(nodes, edges)
+        finally:
+            graph_mod._acyclic_c = compiled
+
+
+def _check_cycle_breaking(nodes: pl.DataFrame, edges: pl.DataFrame) -> None:
+    unlinked: dict[str, int] = {}
+    g = _arrays(nodes, pl.DataFrame(), edges, None, unlinked, False)
+    x = nx.DiGraph()
+    x.add_nodes_from(nodes["node"].to_list())
+    x.add_edges_from((u, v, {"kind": k}) for u, v, k, _ in edges.iter_rows())
+    ts = dict(zip(nodes["node"], nodes["ts_ns"], strict=True))
+    bad = [(u, v) for comp in nx.strongly_connected_components(x) if len(comp) > 1
+           for u in comp for v in x.successors(u) if v in comp and (ts[u], u) >= (ts[v], v)]
+    x.remove_edges_from(bad)
+    assert nx.is_directed_acyclic_graph(g.to_networkx())
+    assert list(g.to_networkx().edges) == list(x.edges)
+    assert unlinked["cycle_edges_dropped"] == len(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 25).flatmap(lambda n: st.lists(
+    st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=60).map(lambda e: (n, e))))
+def test_scc_equals_networkx(case) -> None:
+    n, pairs = case
+    succ: dict[int, list[int]] = {i: [] for i in range(n)}
+    for u, v in dict.fromkeys(pairs):
+        succ[u].append(v)
+    comp = _scc(succ)
+    x = nx.DiGraph()
+    x.add_nodes_from(range(n))
+    x.add_edges_from(dict.fromkeys(pairs))
+    theirs = {frozenset(c) for c in nx.strongly_connected_components(x)
+              if len(c) > 1 or any(u == v for u, v in pairs if u in c)}
+    ours: dict[int, set[int]] = {}
+    for node, c in comp.items():
+        ours.setdefault(c, set()).add(node)
+    # a self-loop is a component of one: the graph never holds one (build_graph drops them)
+    assert {frozenset(c) for c in ours.values()} == {c for c in theirs if len(c) > 1}
+
+
+def test_corpus_nsys_graph_export_round_trip() -> None:
+    f = CORPUS / "nsys" / "nsysai_2gpu_training_before.sqlite"
+    if not f.exists():
+        pytest.skip("corpus absent")
+    tr = load_trace([f])
+    g = build_graph(tr)
+    x = g.to_networkx()
+    assert nx.is_directed_acyclic_graph(x)
+    assert sorted(x.edges) == sorted(g.edges_frame().select("src", "dst").rows())
+
+
+def test_start_up_imports_neither_networkx_nor_jsonschema_for_the_graph() -> None:
+    code = ("import sys, moetune.analyzer.graph, moetune.analyzer.critical_path, "
+            "moetune.analyzer.whatif; print('networkx' in sys.modules, "
+            "'jsonschema' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "False"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 50),
+                          st.integers(0, 8)), max_size=60), st.integers(0, 25))
+def test_longest_segments_equal_a_full_sort(rows, k: int) -> None:
+    segs = [cp.Segment(r, st_, s, s + d, "host", "op", i) for i, (r, st_, s, d) in enumerate(rows)]
+    key = lambda s: (s.start_ns - s.end_ns, s.rank, s.step, s.start_ns)  # noqa: E731
+    assert cp._longest(segs, k) == sorted(segs, key=key)[:k]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 30).flatmap(lambda n: st.lists(
+    st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=60).map(lambda e: (n, e))))
+def test_compiled_cycle_check_equals_the_python_one(case) -> None:
+    if graph_mod._acyclic_c is None:
+        pytest.skip("the compiled loops are not built")
+    n, pairs = case
+    pairs = [(u, v) for u, v in dict.fromkeys(pairs) if u != v]
+    succ: dict[int, list[int]] = {i: [] for i in range(n)}
+    for u, v in pairs:
+        succ[u].append(v)
+    src = np.array([u for u, _ in pairs], dtype=np.int64)
+    dst = np.array([v for _, v in pairs], dtype=np.int64)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+    ours = graph_mod._acyclic_c(ptr, np.ascontiguousarray(dst[np.argsort(src, kind="stable")]))
+    assert ours == graph_mod._acyclic(succ, list(range(n)))
