@@ -23,7 +23,7 @@ import yaml
 from referencing import Registry, Resource
 
 from moetune import knobs
-from moetune.errors import UserError
+from moetune.errors import UserError, read_user_text
 from moetune.knobs import normalize_args
 from moetune.resources import schema
 
@@ -338,12 +338,7 @@ MAX_VALUES = 100_000
 def read_document(path: str | Path) -> Any:
     """Parse a JSON or YAML file (YAML is a superset; JSON errors read better for .json)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError("no such file", path=p) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read: {exc}", path=p) from None
+    text = read_user_text(p)
     try:
         doc = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:

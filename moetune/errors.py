@@ -20,6 +20,19 @@ class UserError(Exception):
         return str(self)
 
 
+def read_user_text(path: str | Path, *, errors: str = "strict") -> str:
+    """A user's file as text, or one `UserError` line naming it (missing, unreadable, not UTF-8)."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8", errors=errors)
+    except FileNotFoundError:
+        raise UserError("no such file", path=p) from None
+    except IsADirectoryError:
+        raise UserError("is a directory, not a file", path=p) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", path=p) from None
+
+
 class GateFailed(Exception):
     """A check the user asked for failed (e.g. an audit found a contradicted claim): exit code 1."""
 

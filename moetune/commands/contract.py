@@ -12,7 +12,7 @@ import yaml
 
 from moetune.analyzer.contract import check_contract, read_document
 from moetune.analyzer.megatron_args import DUMP, SOURCES, LogContract, read_log
-from moetune.errors import GateFailed, UserError
+from moetune.errors import GateFailed, UserError, read_user_text
 
 FROM_LOG_SCHEMA_ID = "moetune.contract-from-log/1"
 # Megatron-Bridge's own start-up output: a configuration summary instead of an argument dump
@@ -93,12 +93,7 @@ def _from_log(args: argparse.Namespace) -> int:
     from moetune.executor.logparse import iteration_args, parse_text
 
     path = Path(args.log)
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        raise UserError("no such file", path=path) from None
-    except OSError as exc:
-        raise UserError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    text = read_user_text(path, errors="replace")
     parsed = parse_text(text)
     found = read_log(text, observed=iteration_args(parsed.iterations))
     if not found.contract:

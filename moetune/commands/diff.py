@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moetune.errors import GateFailed, UserError
+from moetune.errors import GateFailed, UserError, read_user_text
 
 CONTRACT_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -52,12 +52,7 @@ def _contract(path: str | None) -> tuple[Any, dict[str, Any]]:
     if p.suffix.lower() in CONTRACT_SUFFIXES:
         con = read_contract(p)
         return con, model_of(thaw(con) if con is not None else None)
-    try:
-        text = p.read_text(errors="replace")
-    except FileNotFoundError:
-        raise UserError("no such file", path=p) from None
-    except OSError as exc:
-        raise UserError(f"cannot read: {exc.strerror or exc}", path=p) from None
+    text = read_user_text(p, errors="replace")
     found = contract_from_log(text)
     if not found:
         raise UserError("neither a contract (.yaml/.json) nor a Megatron log with arguments",

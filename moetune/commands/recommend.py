@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moetune.errors import UserError
+from moetune.errors import UserError, read_user_text
 
 DIAGNOSIS_SCHEMA_ID = "moetune.diagnosis/1"
 _MAX_DOC_BYTES = 64 << 20  # a diagnosis document is small; bigger .json files are traces
@@ -47,11 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError("no such file", path=path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read: {exc}", path=path) from None
+        return json.loads(read_user_text(path))
     except json.JSONDecodeError as exc:
         raise UserError(f"invalid JSON at line {exc.lineno}: {exc.msg}", path=path) from None
     except RecursionError:  # the parser recurses per level; no moetune document is that deep
