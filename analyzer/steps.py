@@ -293,11 +293,12 @@ def find_steps(
         kept = table.filter(pl.col("step").is_between(lo, hi))
         if kept.height == 0:
             raise UserError(
-                f"--window {lo}:{hi} selects no complete step (complete: {_fmt_ids(sorted(set(table['step'])))})",
+                f"the steady window {lo}:{hi} (--window, or the contract's window.steady) selects "
+                f"no complete step (complete: {_fmt_ids(sorted(set(table['step'])))})",
                 path=source_file,
             )
         for r in sorted(set(table["rank"].to_list()) - set(kept["rank"].to_list())):
-            skipped[r] = f"no complete step in --window {lo}:{hi}"
+            skipped[r] = f"no complete step in the steady window {lo}:{hi}"
         table = kept
     for why in sorted(set(skipped.values())):
         ranks = [r for r, w in skipped.items() if w == why]

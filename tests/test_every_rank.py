@@ -153,5 +153,5 @@ def test_window_without_a_rank_names_it() -> None:
            for s in ids for k in _kernels(r, [0])]), EVENTS_SCHEMA)
     st = find_steps(ev, window="1:1")
     assert st.table.select("rank", "step").rows() == [(0, 1)]
-    assert st.skipped == ((1, "no complete step in --window 1:1"),)
-    assert "rank(s) 1 not analysed: no complete step in --window 1:1" in st.warnings
+    assert st.skipped == ((1, "no complete step in the steady window 1:1"),)
+    assert "rank(s) 1 not analysed: no complete step in the steady window 1:1" in st.warnings
