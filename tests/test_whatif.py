@@ -179,6 +179,11 @@ def test_recompute_off_unlocks_local_graphs_on_the_grid() -> None:
     blocked = {b["rule"]: b for b in doc["blocked"]}
     assert blocked["host.cuda-graphs-local"]["unlocked_by"] == ["memory.recompute-off"]
     assert "unlocked_by" not in blocked["host.cuda-graphs"]  # still needs TE as well
+    from moetune.commands.recommend import render
+
+    text = render(doc)
+    assert "unlocks: host.cuda-graphs-local (cuda_graph_impl → local), predicted +" in text
+    assert "  - unlocked by: memory.recompute-off" in text
 
 
 def test_the_per_step_tail_does_not_fold() -> None:

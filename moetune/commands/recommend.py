@@ -190,6 +190,10 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
             f"(step {_secs(st['before'])} → {_secs(st['low'])}–{_secs(st['high'])}){ceiling}"
             f" · confidence {r['confidence']} · risk {r['risk']['level']}"
         )
+        for u in r.get("unlocks") or []:
+            usp, uch = u["gain"]["speedup"], u["change"]
+            lines.append(f"unlocks: {u['rule']} ({uch['knob']} → {uch['to']}), predicted "
+                         f"{_pct(usp['low'])} … {_pct(usp['high'])} on top")
         v = r["verify"]
         audit = f"audit {v['audit']} confirmed; " if v.get("audit") else ""
         lines.append(f"verify: {audit}{v['metric']} {v['direction']}"
@@ -208,6 +212,8 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
     for b in doc["blocked"]:
         lines += ["", f"blocked {b['rule']}: {b['title']}"]
         lines += [f"  - {reason}" for reason in b["reasons"]]
+        if b.get("unlocked_by"):
+            lines.append(f"  - unlocked by: {', '.join(b['unlocked_by'])}")
     for q in doc.get("quiet", []):
         lines.append(f"checked {q['rule']}: nothing found. {q['quiet']}")
     lines += [
