@@ -17,9 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import polars as pl
 from moetune.analyzer.classify import KernelClasses, load_classes, match_expr, with_pg_role
 from moetune.analyzer.contract import MISSING, Contract, known_megatron_args, lookup, thaw
@@ -30,6 +29,9 @@ from moetune import __version__, conditions, knobs
 from moetune.errors import UserError
 from moetune.resources import data, schema
 from moetune.yamlio import line_of, read_yaml
+
+if TYPE_CHECKING:
+    import jsonschema
 
 SIGNATURES_PATH = data("moetune.rules", "signatures.yaml")
 SIGNATURES_SCHEMA = schema("signatures")
@@ -68,6 +70,8 @@ def _load(path: str, known: frozenset[str]) -> Signatures:
     def fail(at: Sequence[Any], message: str) -> UserError:
         line = line_of(lines, at)
         return UserError(f"{path}:{line}: {message}" if line else f"{path}: {message}")
+
+    import jsonschema  # only when validating: a heavy import the start-up does not need
 
     schema = json.loads(SIGNATURES_SCHEMA.read_text())
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: e.path)
@@ -618,6 +622,8 @@ def _inputs(trace: Trace, files: Sequence[Path]) -> list[dict[str, Any]]:
 
 @cache
 def audit_validator() -> jsonschema.Draft202012Validator:
+    import jsonschema
+
     return jsonschema.Draft202012Validator(json.loads(AUDIT_SCHEMA.read_text()))
 
 

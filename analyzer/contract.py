@@ -16,16 +16,17 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import jsonschema
 import yaml
-from referencing import Registry, Resource
 
 from moetune import knobs
 from moetune.errors import UserError, read_user_text
 from moetune.knobs import normalize_args
 from moetune.resources import schema
+
+if TYPE_CHECKING:
+    import jsonschema
 
 SCHEMA_PATH = schema("contract")
 SCHEMA_ID = "moetune.contract/1"
@@ -95,6 +96,9 @@ def contract_schema() -> Mapping[str, Any]:
 
 @cache
 def _validators() -> tuple[jsonschema.Draft202012Validator, jsonschema.Draft202012Validator]:
+    import jsonschema  # only when validating: a heavy import the start-up does not need
+    from referencing import Registry, Resource
+
     schema = contract_schema()
     registry = Registry().with_resource(schema["$id"], Resource.from_contents(schema))
     base = jsonschema.Draft202012Validator(schema, registry=registry)

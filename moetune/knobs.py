@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
-
-import jsonschema
-from referencing import Registry, Resource
+from typing import TYPE_CHECKING, Any
 
 from moetune import conditions as expr
 from moetune.errors import UserError
 from moetune.resources import data, schema
 from moetune.yamlio import line_of, read_yaml
+
+if TYPE_CHECKING:
+    import jsonschema
 
 KNOBS_FILE = data("moetune.rules", "knobs.yaml")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -260,6 +260,9 @@ def _frozen(x: Any) -> Any:
 
 @cache
 def _validator() -> jsonschema.Draft202012Validator:
+    import jsonschema  # only when validating: a heavy import the start-up does not need
+    from referencing import Registry, Resource
+
     schemas = [json.loads(schema(n).read_text(encoding="utf-8")) for n in ("knobs", "rule")]
     registry = Registry().with_resources((s["$id"], Resource.from_contents(s)) for s in schemas)
     return jsonschema.Draft202012Validator(schemas[0], registry=registry)

@@ -14,10 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
-
-import jsonschema
-from referencing import Registry, Resource
+from typing import TYPE_CHECKING, Any
 
 from moetune import conditions as expr
 from moetune import knobs as knob_catalog
@@ -27,6 +24,9 @@ from moetune.knobs import Knob as Knob  # re-exported: rules.engine reads it fro
 from moetune.resources import data
 from moetune.vocabulary import WALLS
 from moetune.yamlio import line_of, read_yaml
+
+if TYPE_CHECKING:
+    from referencing import Registry
 
 SCHEMAS = data("moetune.schemas")
 CATALOG = data("moetune.rules", "catalog")
@@ -92,6 +92,8 @@ def schema(name: str) -> dict[str, Any]:
 
 @cache
 def _registry() -> Registry:
+    from referencing import Registry, Resource
+
     resources = [
         (s["$id"], Resource.from_contents(s))
         for s in (schema(n) for n in ("rule", "diagnosis"))
@@ -100,6 +102,8 @@ def _registry() -> Registry:
 
 
 def _schema_problems(doc: Any, name: str, path: Path, lines: Mapping[tuple, int]) -> list[Problem]:
+    import jsonschema  # only when validating: a heavy import the start-up does not need
+
     validator = jsonschema.Draft202012Validator(schema(name), registry=_registry())
     out: list[Problem] = []
     grammar_done: set[tuple] = set()
