@@ -31,9 +31,9 @@ from moetune.executor.validate import (
     Window,
     audit_change,
     decide,
-    not_a_loss,
     run_metrics,
     screen_stats,
+    screen_verdict,
 )
 
 from moetune.errors import UserError
@@ -194,8 +194,8 @@ def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, 
         # one pair decided it: the noise band is the runs' own iteration spread
         stats = {**stats, "noise": separated, "early": "every candidate iteration faster than "
                  f"every baseline iteration and a gain ≥ {EARLY_GAIN:.0%}: one screen pair"}
-    first = decide(screen=stats, confirm_base=None, confirm_cand=None, audit=None, policy=pol) \
-        if not _screen_ok(stats, pol) and not (unlocks and not_a_loss(stats, pol)) else None
+    first = decide(screen=stats, confirm_base=None, confirm_cand=None, audit=None, policy=pol,
+                   unlocks=unlocks) if not screen_verdict(stats, pol, unlocks)[0] else None
     if first is not None:
         return first
     n, cwin = pol.confirm_iters, pol.confirm_window
@@ -243,12 +243,6 @@ def _median_se(xs: Sequence[float]) -> float:
     """Relative standard error of a median: 1.2533 σ/√n, σ from the interquartile range."""
     q = statistics.quantiles(xs, n=4)
     return 1.2533 * (q[2] - q[0]) / 1.349 / math.sqrt(len(xs)) / statistics.median(xs)
-
-
-def _screen_ok(stats: Mapping[str, Any], pol: Policy) -> bool:
-    from moetune.executor.validate import screen_verdict
-
-    return screen_verdict(stats, pol)[0]
 
 
 def _safe(label: str) -> str:

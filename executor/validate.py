@@ -156,10 +156,15 @@ def screen_stats(a_ms: Sequence[float | None], b_ms: Sequence[float | None]) -> 
             "a_median_ms": ma, "b_median_ms": mb, "a_ms": list(a_ms), "b_ms": list(b_ms)}
 
 
-def screen_verdict(stats: Mapping[str, Any], policy: Policy) -> tuple[bool, str | None]:
+def screen_verdict(stats: Mapping[str, Any], policy: Policy, unlocks: Sequence[str] = ()
+                   ) -> tuple[bool, str | None]:
+    """Whether a screen winner goes on to confirm: a gain above the noise band, or, for a change
+    that `unlocks` others (an enabler), not measurably slower."""
     gain, noise = stats.get("gain"), stats.get("noise")
     if gain is None:
         return False, "no-measurement"
+    if unlocks and noise is not None and _not_slower(gain, noise, policy):
+        return True, None
     if gain <= policy.min_gain:
         return False, f"no gain ({gain:+.1%} ≤ {policy.min_gain:.0%})"
     if gain <= noise:
@@ -212,11 +217,8 @@ def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: An
             "detail": {k: v for k, v in entry.items() if k not in ("verdict", "reason")}}
 
 
-def not_a_loss(stats: Mapping[str, Any], policy: Policy) -> bool:
-    """The candidate is not measurably slower: its gain is above minus the noise band."""
-    gain, noise = stats.get("gain"), stats.get("noise")
-    if gain is None or noise is None:
-        return False
+def _not_slower(gain: float, noise: float, policy: Policy) -> bool:
+    """Not measurably slower: the gain is above minus the noise band."""
     return gain > -max(noise, policy.min_gain)
 
 
@@ -227,9 +229,7 @@ def decide(*, screen: Mapping[str, Any], confirm_base: Mapping[str, Any] | None,
     that `unlocks` others (it lifts the constraints blocking them) is accepted as an enabler when
     it is healthy, ran, and is not measurably slower: its worth is what it makes possible."""
     out: dict[str, Any] = {"screen": dict(screen)}
-    ok, why = screen_verdict(screen, policy)
-    if not ok and unlocks and not_a_loss(screen, policy):
-        ok = True
+    ok, why = screen_verdict(screen, policy, unlocks)
     if not ok:
         return {**out, "verdict": "rejected", "cause": why, "measured_gain": screen.get("gain"),
                 "noise": screen.get("noise")}
@@ -256,7 +256,7 @@ def decide(*, screen: Mapping[str, Any], confirm_base: Mapping[str, Any] | None,
             return {**out, "verdict": "rejected", "cause": "audit: the change did not run",
                     "measured_gain": gain, "noise": screen["noise"]}
     band = max(screen["noise"], policy.min_gain)
-    if gain <= band and unlocks and gain > -band:
+    if gain <= band and unlocks and _not_slower(gain, screen["noise"], policy):
         return {**out, "verdict": "accepted", "cause": None, "measured_gain": gain,
                 "noise": screen["noise"], "enables": list(unlocks),
                 "proof": f"enabler: not slower beyond the noise band ({gain:+.1%} against "
