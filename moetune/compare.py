@@ -201,13 +201,19 @@ def comparability(a: Mapping[str, Any], b: Mapping[str, Any], *,
     sb = (b.get("window") or {}).get("step_source")
     if sa != sb:
         out.append(f"different step definition: {sa} vs {sb}")
-    if model_a and model_b:
-        diffs = [f"{k} {model_a.get(k)} vs {model_b.get(k)}" for k in MODEL_KEYS
-                 if model_a.get(k) is not None and model_b.get(k) is not None
-                 and model_a.get(k) != model_b.get(k)]
-        if diffs:
-            out.append("different model: " + ", ".join(diffs))
+    out += _model_differences(model_a, model_b)
     return out
+
+
+def _model_differences(model_a: Mapping[str, Any] | None, model_b: Mapping[str, Any] | None
+                       ) -> list[str]:
+    """A "different model" warning when both model shapes are known and a stated field differs."""
+    if not (model_a and model_b):
+        return []
+    diffs = [f"{k} {model_a.get(k)} vs {model_b.get(k)}" for k in MODEL_KEYS
+             if model_a.get(k) is not None and model_b.get(k) is not None
+             and model_a.get(k) != model_b.get(k)]
+    return ["different model: " + ", ".join(diffs)] if diffs else []
 
 
 def model_of(contract: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -280,13 +286,7 @@ def diff_ledger_runs(run_a: Mapping[str, Any], run_b: Mapping[str, Any], *,
     ma, mb = run_a.get("metrics") or {}, run_b.get("metrics") or {}
     sa = step_stats([x / 1e3 for x in ma.get("step_ms_all") or [] if x is not None])
     sb = step_stats([x / 1e3 for x in mb.get("step_ms_all") or [] if x is not None])
-    warnings = []
-    if model_a and model_b:
-        diffs = [f"{k} {model_a.get(k)} vs {model_b.get(k)}" for k in MODEL_KEYS
-                 if model_a.get(k) is not None and model_b.get(k) is not None
-                 and model_a.get(k) != model_b.get(k)]
-        if diffs:
-            warnings.append("different model: " + ", ".join(diffs))
+    warnings = _model_differences(model_a, model_b)
     if ma.get("window") != mb.get("window"):
         warnings.append(f"different step definition: log window {ma.get('window')} vs "
                         f"{mb.get('window')}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
@@ -130,6 +131,14 @@ def _bytes(n: float) -> str:
     return f"{n:,.0f} B"
 
 
+def _top_table(title: str, columns: Iterable[tuple[str, str]]) -> Table:
+    """One of `diagnose --top`'s borderless tables: (column, justify) pairs."""
+    t = Table(title=title, title_justify="left", show_edge=False, box=None, pad_edge=False)
+    for col, just in columns:
+        t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    return t
+
+
 def render_top(doc: dict[str, Any], console: Console | None = None) -> None:
     """`diagnose --top N`: top kernels by GPU time, top host ops by self time, copy kinds; times
     per step and rank (the document's totals over `top.rank_steps`)."""
@@ -137,21 +146,17 @@ def render_top(doc: dict[str, Any], console: Console | None = None) -> None:
     top = doc.get("top") or {}
     n = max(int(top.get("rank_steps") or 1), 1)
     if top.get("kernels"):
-        t = Table(title="top GPU kernels (per step and rank)", title_justify="left",
-                  show_edge=False, box=None, pad_edge=False)
-        for col, just in (("kernel", "left"), ("class", "left"), ("count", "right"),
-                          ("total", "right"), ("share", "right")):
-            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        t = _top_table("top GPU kernels (per step and rank)",
+                       (("kernel", "left"), ("class", "left"), ("count", "right"),
+                        ("total", "right"), ("share", "right")))
         for r in top["kernels"]:
             t.add_row(Text(_short_name(r["name"], max(28, out.width - 52))), Text(r["kclass"] or "—"),
                       f"{r['count'] / n:,.1f}", f"{r['time_s'] / n * 1e3:,.3f} ms", _pct(r["share"]))
         out.print(t)
     if top.get("ops"):
-        t = Table(title="top host ops by self time (per step and rank)", title_justify="left",
-                  show_edge=False, box=None, pad_edge=False)
-        for col, just in (("op", "left"), ("count", "right"), ("self", "right"),
-                          ("total", "right"), ("share", "right")):
-            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        t = _top_table("top host ops by self time (per step and rank)",
+                       (("op", "left"), ("count", "right"), ("self", "right"),
+                        ("total", "right"), ("share", "right")))
         for r in top["ops"]:
             t.add_row(Text(_short_name(r["name"], max(40, out.width - 40))), f"{r['count'] / n:,.1f}",
                       f"{r['self_s'] / n * 1e3:,.3f} ms", f"{r['total_s'] / n * 1e3:,.3f} ms",
@@ -163,10 +168,9 @@ def render_top(doc: dict[str, Any], console: Console | None = None) -> None:
     rows = sorted(((k, m, c) for k, by in copies.items() for m, c in by.items() if c.get("count")),
                   key=lambda r: (-r[2]["time_s"], r[0], r[1]))
     if rows:
-        t = Table(title="copies by direction and memory (per step and rank)", title_justify="left",
-                  show_edge=False, box=None, pad_edge=False)
-        for col in ("copy", "memory", "count", "bytes", "time"):
-            t.add_column(col, justify="left" if col in ("copy", "memory") else "right", no_wrap=True)
+        t = _top_table("copies by direction and memory (per step and rank)",
+                       (("copy", "left"), ("memory", "left"), ("count", "right"),
+                        ("bytes", "right"), ("time", "right")))
         for k, m, c in rows:
             t.add_row(k, m, f"{c['count'] / n:,.1f}", _bytes(c["bytes"] / n),
                       f"{c['time_s'] / n * 1e3:,.3f} ms")
