@@ -290,8 +290,9 @@ def fold_micro_batches(ep: Episode, params: Mapping[str, float], ctx: Mapping[st
     k = float(ctx.get("factor") or params.get("factor") or 2)
     if k <= 1:
         return None
-    return _fold(ep, ~ep.opt & ~_per_step_tail(ep, ctx.get("passes_end_ns")), k,
-                 params["fixed_us"])
+    tail = ctx.get("per_step_tail")
+    body = ~ep.opt if tail is None else ~ep.opt & ~tail
+    return _fold(ep, body, k, params["fixed_us"])
 
 
 def _per_step_tail(ep: Episode, passes_end_ns: int | None) -> np.ndarray:
@@ -528,13 +529,14 @@ def whatif_section(trace: Any, steps: Any, ctx: Any) -> dict[str, Any]:
         scale = host_scale_for(ep, ref * 1e9, base)
         base = replay(ep, untouched(ep), scale)
     out: dict[str, Any] = {}
-    passes_end = _passes_end_ns(ctx.events, int(row["rank"]), start, end)
+    # one mask for every micro-batch transform and both ends of its range
+    tail = _per_step_tail(ep, _passes_end_ns(ctx.events, int(row["rank"]), start, end))
     for tid, spec in transforms().items():
         c = contract_context(tid, spec, ctx.contract)
         if c is None:
             continue
         if spec["kind"] == "fold_micro_batches":
-            c = {**c, "passes_end_ns": passes_end}
+            c = {**c, "per_step_tail": tail}
         est = estimate(ep, tid, spec, c, base, scale, ref)
         if est is not None:
             out[tid] = est
