@@ -26,6 +26,7 @@ import gzip
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -176,19 +177,23 @@ class Grid:
         print(f"graph flags for the grid: {self.summary['graph_flags']}", flush=True)
 
     def run(self, shape: str, p: dict[str, Any], why: str, deadline: float,
-            trace_rerun: bool = False) -> None:
+            trace_rerun: bool = False, repeat: bool = False) -> None:
         p = gs.full_point(p)
         pid = gs.point_id(p) + ("__trace" if trace_rerun else "")
+        if repeat:  # __repN: the N-th repeat of this point in this call
+            n = 1 + sum(1 for s, i in self.done if s == shape and i.startswith(pid + "__rep"))
+            pid += f"__rep{n}"
         if (shape, pid) in self.done:
             return
         d = self.work / shape / pid
         rec: dict[str, Any] = {"shape": shape, "id": pid, "knobs": p, "why": why,
                                "cmd": " ".join(gs.command(shape, p, f"{shape}/{pid}",
-                                                          trace_rerun))}
+                                                          trace_rerun, repeat))}
         if time.monotonic() + self.est(shape) > deadline:
             rec.update(status="skipped", oom=False)
         else:
-            rec.update(run_cmd(gs.command(shape, p, str(d), trace_rerun), d, self.timeout))
+            rec.update(run_cmd(gs.command(shape, p, str(d), trace_rerun, repeat), d,
+                               self.timeout))
             if rec["status"] != "refused":
                 self.walls_by.setdefault(shape, []).append(rec["wall_s"])
             if trace_rerun:  # 5 iterations: no steady window; the grid's run has the step time
@@ -251,10 +256,11 @@ def run_grid(a: argparse.Namespace) -> None:
     g.resume(a.resume)
     if a.graph_probe:
         g.run_probes(deadline)
-    for spec in a.points:  # SHAPE:ID[@trace], in this order, instead of the search
+    for spec in a.points:  # SHAPE:ID[@trace|@rep], in this order, instead of the search
         shape, pid = spec.split(":")
         pid, _, mode = pid.partition("@")
-        g.run(shape, gs.parse_id(pid), "listed", deadline, trace_rerun=mode == "trace")
+        g.run(shape, gs.parse_id(pid), "listed", deadline, trace_rerun=mode == "trace",
+              repeat=mode == "rep")
     if a.points:
         a.shapes = []
     shares = dict(x.split("=") for x in a.share)
@@ -274,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     ru = sub.add_parser("run")
     ru.add_argument("shapes", nargs="*", help=f"of {sorted(gs.SHAPES)}")
     ru.add_argument("--points", nargs="*", default=[],
-                    help="SHAPE:POINT_ID[@trace] to run in this order instead of the search "
-                         "(@trace: a 5-iteration re-run for the trace only)")
+                    help="SHAPE:POINT_ID[@trace|@rep] to run in this order instead of the search "
+                         "(@trace: a 5-iteration re-run for the trace only; @rep: one more "
+                         "unprofiled run of a measured point)")
     ru.add_argument("--timeout", type=int, default=100, help="seconds per point")
     ru.add_argument("--work", type=Path, default=Path("/tmp/grid"))
     ru.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
@@ -312,6 +319,7 @@ def load(dirs: list[Path]) -> tuple[dict, list, dict]:
     recs: dict[tuple[str, str], dict[str, Any]] = {}
     probes: list[dict[str, Any]] = []
     files: dict[tuple[str, str], dict[str, Any]] = {}
+    reps: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for d in dirs:
         for line in (d / "grid.jsonl").read_text().splitlines():
             r = json.loads(line)
@@ -321,6 +329,10 @@ def load(dirs: list[Path]) -> tuple[dict, list, dict]:
                 probes.append(r)
                 continue
             key = (r["shape"], r["id"])
+            if "__rep" in r["id"]:  # a repeat: another run of the point, kept beside it
+                if r["status"] != "skipped":
+                    reps.setdefault((r["shape"], r["id"].split("__rep")[0]), []).append(r)
+                continue
             if r["status"] == "skipped" and key in recs:
                 continue
             base = r["id"].removesuffix("__trace")
@@ -336,7 +348,20 @@ def load(dirs: list[Path]) -> tuple[dict, list, dict]:
                 continue
             r["log"] = folder / "train.log"
             recs[key] = r
+    for key, more in reps.items():
+        if key in recs and recs[key]["status"] == "ok":
+            with_repeats(recs[key], more)
     return recs, probes, files
+
+
+def with_repeats(r: dict[str, Any], more: list[dict[str, Any]]) -> None:
+    """A point measured in several fresh processes: its step time is the median of the runs'
+    (host-bound points move ±15-30 % between processes; one run is not the point's speed)."""
+    ok = [m for m in more if m["status"] == "ok" and m.get("step_ms")]
+    r["first_run_step_ms"] = r["step_ms"]
+    r["runs_step_ms"] = [r["step_ms"], *(m["step_ms"] for m in ok)]
+    r["runs_failed"] = [m["id"] for m in more if m not in ok]
+    r["step_ms"] = round(statistics.median(r["runs_step_ms"]), 2)
 
 
 def refuse_here(recs: dict) -> None:
@@ -404,7 +429,9 @@ def report(dirs: list[Path]) -> int:
                     "Engine, no Apex), workload moetune.executor.workloads.moe_gpt",
         "protocol": {"train_iters": gs.TRAIN_ITERS, "steady_iterations": list(gs.STEADY),
                      "step_ms": "median of the logged per-iteration times of the steady "
-                                "iterations (Megatron log lines, log interval 1)",
+                                "iterations (Megatron log lines, log interval 1); for a point "
+                                "run in several fresh processes (`runs_step_ms`: the first, "
+                                "profiled, then unprofiled repeats), the median of the runs'",
                      "profiled_iterations": [gs.PROFILE_START + 1, gs.PROFILE_END],
                      "profiler_steps": [f"ProfilerStep#{i}" for i in
                                         range(gs.PROFILE_START, gs.PROFILE_END)],
@@ -436,6 +463,7 @@ def report(dirs: list[Path]) -> int:
                 "id": pid, "knobs": r["knobs"], "changed_vs_start": gs.changed(gs.START, r["knobs"]),
                 "why": r.get("why"), "status": r["status"], "oom": r["status"] == "oom",
                 "step_ms": r.get("step_ms"),
+                "runs_step_ms": r.get("runs_step_ms"),
                 "speedup_vs_start": round(base / r["step_ms"], 2) if base and r.get("step_ms")
                 else None,
                 "steady_iter_ms": [r["iter_ms"][i - 1] for i in gs.STEADY]
@@ -481,14 +509,15 @@ def tables(path: Path = GRID / "grid_h200.json") -> str:
     out = []
     for shape, sd in doc["shapes"].items():
         out.append(f"### `{shape}`: {sd['desc']}\n")
-        out.append("| point | change vs start | step ms (median, range it 4-9) | speed-up | "
+        out.append("| point | change vs start | step ms (median of runs: each run's it 4-9 median) "
+                   "| speed-up | "
                    "max alloc GiB | max reserved GiB | OOM | status | run wall s | "
                    "cudaGraphLaunch | why |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in sd["points"]:
             ch = ", ".join(f"{k}={v}" for k, v in r["changed_vs_start"].items()) or "(start)"
-            rng = (f" ({min(r['steady_iter_ms']):.1f}-{max(r['steady_iter_ms']):.1f})"
-                   if r.get("steady_iter_ms") else "")
+            runs = r.get("runs_step_ms") or []
+            rng = f" ({', '.join(f'{x:.1f}' for x in runs)})" if len(runs) > 1 else ""
             step = f"{r['step_ms']:.1f}{rng}" if r.get("step_ms") else ""
             name = f"**{r['id']}**" if r["id"] == sd["best"] else f"`{r['id']}`"
             out.append(

@@ -86,6 +86,10 @@ COMMON = ["--bf16", "--train-iters", str(TRAIN_ITERS),
           "--profile-step-end", str(PROFILE_END)]
 
 
+# a repeat of a point (one more fresh process, the same steady window, no profile): a point's step
+# time is the median over its runs, since host-bound points move ±15-30 % between processes
+REPEAT = ["--bf16", "--train-iters", str(TRAIN_ITERS)]
+
 # a trace-only re-run (used where a grid run's trace could not come back): 5 iterations,
 # iterations 4-5 profiled (ProfilerStep#3, #4); its step time is not the grid's
 TRACE_RERUN = ["--bf16", "--train-iters", "5", "--profile", "--profile-step-start", "3",
@@ -123,10 +127,11 @@ def knob_flags(p: dict[str, Any]) -> list[str]:
     return f
 
 
-def command(shape: str, p: dict[str, Any], profile_dir: str, trace_rerun: bool = False
-            ) -> list[str]:
-    return [*WORKLOAD, *SHAPES[shape]["flags"], *knob_flags(p),
-            *(TRACE_RERUN if trace_rerun else COMMON), "--profile-dir", profile_dir]
+def command(shape: str, p: dict[str, Any], profile_dir: str, trace_rerun: bool = False,
+            repeat: bool = False) -> list[str]:
+    proto = TRACE_RERUN if trace_rerun else REPEAT if repeat else COMMON
+    return [*WORKLOAD, *SHAPES[shape]["flags"], *knob_flags(p), *proto,
+            "--profile-dir", profile_dir]
 
 
 def neighbours(p: dict[str, Any], adjacent_mbs: bool = False) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ Harness flags are set identically on every run of a comparison (they are not the
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import statistics
@@ -73,6 +74,11 @@ class TuneOptions:
     profile_args: str | None = None       # template; None: chosen from the command
     slurm_options: Mapping[str, str] = field(default_factory=dict)
     env_profile: str | None = None        # launchers/base.py ENV_PROFILES, applied to every run
+    max_run_time_s: float | None = None   # machine time the session's runs may take, in all
+
+
+class BudgetSpent(Exception):
+    """The next run would take the session past `max_run_time_s`."""
 
 
 def log(msg: str) -> None:
@@ -119,6 +125,7 @@ class Runner:
         if done is not None:
             self.reused += 1
             return done
+        self._check_budget(iters)
         safe = key.replace(":", "_").replace("/", "_").replace("=", "-")
         log_path = self.opts.workdir / self.session / f"{safe}.log"
         if log_path.exists():
@@ -149,6 +156,35 @@ class Runner:
         rec = self.ledger.finished_run(self.session, key)
         assert rec is not None
         return rec
+
+
+    def _check_budget(self, iters: int) -> None:
+        """Refuse a run that would end past the time budget: its length is estimated as the
+        longest finished run of this session at the same iteration count (else the longest
+        of any); the session's first run always starts."""
+        cap = self.opts.max_run_time_s
+        if cap is None:
+            return
+        runs = [r for r in self.ledger.runs(self.session)
+                if r.get("finished_at") and r.get("started_at")]
+        spent = run_time_s(runs)
+        same = [r["finished_at"] - r["started_at"] for r in runs if _iters_of(r) == iters]
+        est = max(same or [r["finished_at"] - r["started_at"] for r in runs] or [0.0])
+        if spent + est > cap:
+            raise BudgetSpent(f"runs took {spent:.0f} s of the {cap:.0f} s budget and the next "
+                              f"would take about {est:.0f} s")
+
+
+def _iters_of(run: Mapping[str, Any]) -> int | None:
+    """The iteration count a run was launched with (`--train-iters N` in its command)."""
+    cmd = run.get("command") or []
+    for flag, val in itertools.pairwise(cmd):
+        if flag == TRAIN_ITERS.flag:
+            try:
+                return int(val)
+            except ValueError:
+                return None
+    return None
 
 
 def _fmt_ms(x: float | None) -> str:
@@ -360,73 +396,83 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
         # the A/B that made an accepted candidate the baseline (a noisy start does not make a
         # quieter configuration's small wins look like noise)
         noise = opts.policy.min_gain
-        while spent < opts.budget:
-            recs: list[Recommendation] = []
-            con = _round_contract(contract, accepted)
-            if profile_tpl and recommender is not None:
-                reuse = (accepted[-1].get("evidence") or {}).get("profile") if accepted else None
-                recs = _profile_and_recommend(runner, rnd, base, profile_tpl, con,
-                                              contract_path, recommender, reuse=reuse)
-            cal = session_calibration(led.decisions(sid))
-            pending = [c for c in candidate_changes(recs, opts.tries, cal)
-                       if c["label"] not in decided and apply_all(base, c["changes"]) != base]
-            if not pending:
-                log("no candidate left to try")
-                break
-            progressed = False
-            for cand in pending:
-                if spent >= opts.budget:
+        stopped = f"{opts.budget} candidates validated (--budget)"
+        try:
+            while spent < opts.budget:
+                recs: list[Recommendation] = []
+                con = _round_contract(contract, accepted)
+                if profile_tpl and recommender is not None:
+                    reuse = (accepted[-1].get("evidence") or {}).get("profile") if accepted else None
+                    recs = _profile_and_recommend(runner, rnd, base, profile_tpl, con,
+                                                  contract_path, recommender, reuse=reuse)
+                cal = session_calibration(led.decisions(sid))
+                pending = [c for c in candidate_changes(recs, opts.tries, cal)
+                           if c["label"] not in decided and apply_all(base, c["changes"]) != base]
+                if not pending:
+                    stopped = "no candidate left to try"
+                    log(stopped)
                     break
-                pred = cand.get("value", cand["predicted_gain"])
-                if cand["source"] != "user" and pred is not None and pred <= noise:
-                    # candidates come best predicted first: the rest promise no more
-                    log(f"{cand['label']}: predicted {pred:+.1%} is inside the noise band "
-                        f"({noise:.1%}); stopping")
-                    break
-                spent += 1
-                label = cand["label"]
-                decided.add(label)
-                key = f"r{rnd}:{label}"
-                prior = led.decision(sid, key)
-                if prior is None:
-                    cl = apply_all(base, cand["changes"])
-                    ch0 = cand["changes"][0]
-                    res = validate_candidate(runner, f"r{rnd}", base, cl, label,
-                                             profile_tpl=profile_tpl, contract=con,
-                                             knob=ch0.knob.name, value=ch0.value,
-                                             unlocks=cand.get("unlocks") or ())
-                    # the memory prediction that allowed the change, beside what it measured
-                    res["predicted_memory"] = cand.get("memory")
-                    led.record_decision(
-                        sid, key, label=label,
-                        change={"knob": ch0.knob.name, "value": ch0.value,
-                                "with": {c.knob.name: c.value for c in cand["changes"][1:]}},
-                        source=cand["source"], predicted_gain=cand["predicted_gain"],
-                        measured_gain=res.get("measured_gain"), noise=res.get("noise"),
-                        verdict=res["verdict"], cause=res.get("cause"), evidence=res)
+                progressed = False
+                for cand in pending:
+                    if spent >= opts.budget:
+                        break
+                    pred = cand.get("value", cand["predicted_gain"])
+                    if cand["source"] != "user" and pred is not None and pred <= noise:
+                        # candidates come best predicted first: the rest promise no more
+                        stopped = (f"the best remaining prediction ({cand['label']} "
+                                   f"{pred:+.1%}) is inside the noise band ({noise:.1%})")
+                        log(f"stopping: {stopped}")
+                        break
+                    spent += 1
+                    label = cand["label"]
+                    decided.add(label)
+                    key = f"r{rnd}:{label}"
                     prior = led.decision(sid, key)
-                assert prior is not None
-                if prior.get("noise") is not None and prior["verdict"] == "accepted":
-                    noise = max(opts.policy.min_gain, float(prior["noise"]))
-                elif prior.get("noise") is not None:
-                    noise = max(noise, float(prior["noise"]))
-                log(f"{label}: {prior['verdict']}"
-                    + (f" ({prior['cause']})" if prior["cause"] else "")
-                    + (f", gain {prior['measured_gain']:+.1%}"
-                       if prior["measured_gain"] is not None else ""))
-                if prior["verdict"] == "accepted":
-                    base = apply_all(base, cand["changes"])
-                    accepted.append(prior)
-                    progressed = True
-                    break  # new baseline: profile and recommend again
-            if not progressed:
-                break
-            rnd += 1
+                    if prior is None:
+                        cl = apply_all(base, cand["changes"])
+                        ch0 = cand["changes"][0]
+                        res = validate_candidate(runner, f"r{rnd}", base, cl, label,
+                                                 profile_tpl=profile_tpl, contract=con,
+                                                 knob=ch0.knob.name, value=ch0.value,
+                                                 unlocks=cand.get("unlocks") or ())
+                        # the memory prediction that allowed the change, beside what it measured
+                        res["predicted_memory"] = cand.get("memory")
+                        led.record_decision(
+                            sid, key, label=label,
+                            change={"knob": ch0.knob.name, "value": ch0.value,
+                                    "with": {c.knob.name: c.value for c in cand["changes"][1:]}},
+                            source=cand["source"], predicted_gain=cand["predicted_gain"],
+                            measured_gain=res.get("measured_gain"), noise=res.get("noise"),
+                            verdict=res["verdict"], cause=res.get("cause"), evidence=res)
+                        prior = led.decision(sid, key)
+                    assert prior is not None
+                    if prior.get("noise") is not None and prior["verdict"] == "accepted":
+                        noise = max(opts.policy.min_gain, float(prior["noise"]))
+                    elif prior.get("noise") is not None:
+                        noise = max(noise, float(prior["noise"]))
+                    log(f"{label}: {prior['verdict']}"
+                        + (f" ({prior['cause']})" if prior["cause"] else "")
+                        + (f", gain {prior['measured_gain']:+.1%}"
+                           if prior["measured_gain"] is not None else ""))
+                    if prior["verdict"] == "accepted":
+                        base = apply_all(base, cand["changes"])
+                        accepted.append(prior)
+                        progressed = True
+                        break  # new baseline: profile and recommend again
+                if not progressed:
+                    if stopped.endswith("(--budget)") and spent < opts.budget:
+                        stopped = "no candidate of the round was accepted"
+                    break
+                rnd += 1
+        except BudgetSpent as e:  # the candidate in flight stays undecided: a re-run resumes it
+            stopped = f"time budget: {e}"
+            log(f"stopping: {e}")
         led.finish_session(sid)
         return {"session": sid, "ledger": str(opts.ledger), "accepted": accepted,
                 "decisions": led.decisions(sid), "final_command": list(base.argv),
                 "final_env": dict(base.env), "runs_executed": runner.executed,
-                "runs_reused": runner.reused, "run_time_s": run_time_s(led.runs(sid))}
+                "runs_reused": runner.reused, "run_time_s": run_time_s(led.runs(sid)),
+                "stopped": stopped}
 
 
 def run_time_s(runs: Sequence[Mapping[str, Any]]) -> float:

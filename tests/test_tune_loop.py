@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -221,3 +222,26 @@ def test_tune_that_cannot_diagnose_says_so(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stderr[-2000:]
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("moetune: tune cannot work on this run") and "no GPU events" in last
+
+
+def test_time_budget_stops_before_a_run_that_would_pass_it(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    args = ["tune", "--cmd", WORKLOAD, "--no-rules", "--no-profile", "--budget", "1",
+            "--try", "micro_batch_size=16", *FAST, "--ledger", str(tmp_path / "l.db"),
+            "--workdir", str(tmp_path / "runs")]
+    r = moetune(*args, "--max-run-time", "1", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    # the first run always starts; it took more than the 1 s budget, so nothing else did
+    assert res["runs_executed"] == 1 and res["run_time_s"] > 1
+    assert res["stopped"].startswith("time budget: runs took")
+    assert res["decisions"] == [] and res["accepted"] == []
+    assert res["final_command"] == shlex.split(WORKLOAD)  # nothing accepted
+    # a re-run counts the finished run against the same budget: it reads it back, runs nothing
+    again = moetune(*args, "--max-run-time", "1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 runs executed, 1 read back" in again.stdout
+    assert "stopped: time budget" in again.stdout
+    bad = moetune(*args, "--max-run-time", "0")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
+    assert "--max-run-time" in bad.stderr

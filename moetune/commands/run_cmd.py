@@ -81,7 +81,7 @@ def load_contract_doc(path: str | None) -> Any:
 
 
 def tune_options(args: argparse.Namespace, *, budget: int = 1, tries: tuple[str, ...] = (),
-                 use_rules: bool = False):
+                 use_rules: bool = False, max_run_time_s: float | None = None):
     from moetune.executor.loop import TuneOptions
     from moetune.executor.validate import Policy, Window
 
@@ -101,7 +101,8 @@ def tune_options(args: argparse.Namespace, *, budget: int = 1, tries: tuple[str,
                        launcher=args.launcher, nproc_per_node=args.nproc_per_node,
                        nodes=args.nodes, tries=tries, use_rules=use_rules,
                        profile=not args.no_profile, profile_args=args.profile_args,
-                       slurm_options=slurm, env_profile=env_profile(args))
+                       slurm_options=slurm, env_profile=env_profile(args),
+                       max_run_time_s=max_run_time_s)
 
 
 def env_profile(args: argparse.Namespace) -> str | None:

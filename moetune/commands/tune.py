@@ -14,6 +14,7 @@ from moetune.commands.run_cmd import (
     load_contract_doc,
     tune_options,
 )
+from moetune.errors import UserError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -27,6 +28,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--try", dest="tries", action="append", default=[], metavar="KNOB=VALUE",
                    help="a candidate of your own (repeatable), after the rules' ones")
     p.add_argument("--no-rules", action="store_true", help="only the --try candidates")
+    p.add_argument("--max-run-time", type=float, metavar="SECONDS",
+                   help="machine time the session's runs may take in all (start to exit of "
+                        "each run, resumed runs included): no run starts that would end past "
+                        "it; a re-run with a larger value resumes")
     add_exec_options(p)
     return p
 
@@ -36,8 +41,10 @@ def run(args: argparse.Namespace) -> int:
 
     from moetune.executor.loop import tune
 
+    if args.max_run_time is not None and args.max_run_time <= 0:
+        raise UserError("--max-run-time must be a positive number of seconds")
     opts = tune_options(args, budget=args.budget, tries=tuple(args.tries),
-                        use_rules=not args.no_rules)
+                        use_rules=not args.no_rules, max_run_time_s=args.max_run_time)
     res = tune(base_argv(args), env=env_pairs(args.env),
                contract=load_contract_doc(args.contract),
                contract_path=Path(args.contract) if args.contract else None, opts=opts)
@@ -54,5 +61,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"accepted {len(res['accepted'])} · session {res['session']} · "
           f"{res['runs_executed']} runs executed, {res['runs_reused']} read back · "
           f"runs took {res['run_time_s']:.0f} s")
+    print(f"stopped: {res['stopped']}")
     print("final command: " + shlex.join(res["final_command"]))
     return 0
