@@ -116,8 +116,10 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
     skipped = r.get("skipped") or []
     n = len(section.get("ranks_analyzed") or [])
     analysed = f" ({n} analysed)" if skipped and n else ""
-    lines = [f"ranks: {r['count']}{analysed} · alignment {r['alignment']['method']} · stragglers: "
-             + (", ".join(map(str, r["stragglers"])) or "none")]
+    # beside the cross-rank view (which also judges compute time) this rule is named
+    rule = " by step time" if section.get("cross_rank") else ""
+    lines = [f"ranks: {r['count']}{analysed} · alignment {r['alignment']['method']} · "
+             f"stragglers{rule}: " + (", ".join(map(str, r["stragglers"])) or "none")]
     lines += [f"  rank {s['rank']} ({s['file']}) not analysed: {s['reason']}" for s in skipped]
     if sk["p50"] is not None:
         lines.append(f"  collective arrival skew p50 {sk['p50'] * 1e6:.1f} µs, max "

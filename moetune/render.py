@@ -28,8 +28,13 @@ def _steps(ids: list[int]) -> str:
     return ", ".join(map(str, ids))
 
 
+HEADER_FILES = 4  # more input files than this are counted, not listed, in the header
+
+
 def diagnosis_header(doc: dict[str, Any]) -> str:
-    files = ", ".join(i["file"] for i in doc["inputs"])
+    names = [i["file"] for i in doc["inputs"]]
+    files = (", ".join(names) if len(names) <= HEADER_FILES else
+             f"{', '.join(names[:2])}, … {names[-1]} ({len(names)} files)")
     fmts = "/".join(sorted({i["format"] for i in doc["inputs"]}))
     n = len(doc.get("ranks_analyzed") or [])
     src = doc.get("window", {}).get("step_source", "")

@@ -1,5 +1,6 @@
 """`moetune diagnose PATH... [--window A:B] [--json] [--contract FILE] [--step-range NAME]
-[--allow-mixed-runs] [--top N] [--quiet]`."""
+[--allow-mixed-runs] [--top N] [--quiet] [--cache DIR] [--scheduler ADDRESS | --scheduler-file
+FILE] [--workers N] [--worker-memory GB]`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import shlex
 import sys
 
+from moetune import scale
 from moetune.errors import UserError
 from moetune.resources import demo_trace
 
@@ -35,6 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--quiet", "-q", action="store_true",
                    help="for scripts: one verdict line (with --json: the document), no hints, "
                    "warnings or progress; errors still go to stderr")
+    scale.add_arguments(p)
     return p
 
 
@@ -50,16 +53,24 @@ def run(args: argparse.Namespace) -> int:
     if args.top is not None and args.top < 1:
         raise UserError("--top must be at least 1")
     extra = [top_section(args.top)] if args.top else []
-    with progress(f"reading and analysing {describe(paths)}", enabled=not args.quiet):
-        doc = analyze(paths, args.contract, window=args.window, step_range=args.step_range,
-                      audit=False, allow_mixed_runs=args.allow_mixed_runs,
-                      extra_sections=extra).diagnosis
+    opts = scale.options_from_args(args)
+    mapped = None
+    if scale.wanted(paths, opts):  # many ranks: summarised per rank, reduced across ranks
+        an, mapped = scale.diagnose_many(paths, opts, args.contract, extra_sections=extra)
+        doc = an.diagnosis
+    else:
+        with progress(f"reading and analysing {describe(paths)}", enabled=not args.quiet):
+            doc = analyze(paths, args.contract, window=args.window, step_range=args.step_range,
+                          audit=False, allow_mixed_runs=args.allow_mixed_runs,
+                          extra_sections=extra).diagnosis
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     elif args.quiet:
         print("\n".join(quiet_lines(doc)))
     else:
         render_diagnosis(doc)
+        if mapped is not None:
+            print("\n".join(scale.summary_lines(mapped) + scale.cross_rank_lines(doc)))
         if args.top:
             render_top(doc)
         shown = " ".join(str(p) for p in args.paths) if args.paths else "<trace>"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from moetune import scale
 from moetune.errors import GateFailed, UserError, read_user_text
 
 CONTRACT_SUFFIXES = (".yaml", ".yml", ".json")
@@ -36,6 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="exit 1 when B's step time is more than PCT %% slower than A's beyond "
                    "the step-to-step noise of both")
     p.add_argument("--json", action="store_true", help="print only the diff document (JSON)")
+    scale.add_arguments(p)
     return p
 
 
@@ -101,13 +103,21 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise UserError("--top must be at least 1")
+    many: list[tuple[str, Any, scale.MapResult]] = []  # sides read through the map
     con_a, model_a = _contract(args.contract_a)
     con_b, model_b = _contract(args.contract_b)
     if args.ledger is not None:
         doc = _ledger_doc(args, model_a, model_b)
     else:
         analyses = []
-        for p, con in zip((args.a, args.b), (con_a, con_b), strict=True):
+        opts = scale.options_from_args(args)
+        for label, p, con in zip("AB", (args.a, args.b), (con_a, con_b), strict=True):
+            if scale.wanted([p], opts):  # many ranks: summarised per rank (docs/scale.md)
+                an, mapped = scale.diagnose_many([p], opts, con, audit=con is not None,
+                                                 extra_sections=[top_section(None)])
+                analyses.append(an)
+                many.append((label, an.diagnosis, mapped))
+                continue
             with progress(f"reading and analysing {p} ({describe([p])})"):
                 analyses.append(analyze([p], con, window=args.window, step_range=args.step_range,
                                         audit=con is not None, extra_sections=[top_section(None)]))
@@ -117,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     else:
         render_diff(doc)
+        for label, diagnosis, mapped in many:  # the diff document has no cross-rank part
+            print("\n".join(f"{label}: {line}" for line in
+                            scale.summary_lines(mapped) + scale.cross_rank_lines(diagnosis)))
     render_warnings(doc["warnings"])
     gate = args.fail_if_slower
     if gate is not None:

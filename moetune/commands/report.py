@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from moetune import scale
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -27,19 +29,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--allow-mixed-runs", action="store_true",
                    help="analyse files together even when their metadata says they are not ranks "
                    "of one run (refused by default)")
+    scale.add_arguments(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from moetune import report
+    from moetune.errors import UserError
 
     report.plotly_modules()  # the missing extra is said before minutes of reading
-    data = report.collect(args.paths, args.contract, ledger=args.ledger, baseline=args.baseline,
+    paths, notes = list(args.paths), []
+    opts = scale.options_from_args(args)
+    cross = None
+    if scale.wanted(paths, opts):
+        # Many ranks: every rank summarised (the map); the page's per-step views come from the
+        # full trace of one typical rank, its cross-rank view from every rank's summary.
+        mapped = scale.summarize_ranks(paths, scale.contract_window(opts, args.contract))
+        s = mapped.summaries
+        if s.steps.height == 0:
+            raise UserError(f"no rank of the {len(mapped.files)} files has a complete step")
+        rep = scale.representative_rank(s)
+        paths = [mapped.rank_file[rep]]
+        cross = scale.cross_rank_section(mapped)
+        cross["ranks"] = scale.ranks_section(s, cross)
+        notes = [*scale.summary_lines(mapped), *mapped.warnings,
+                 f"the page's steps, timeline and kernels are of rank {rep} ({paths[0].name}, the "
+                 f"median rank by step time); its cross-rank view covers all {s.meta.height}"]
+    data = report.collect(paths, args.contract, ledger=args.ledger, baseline=args.baseline,
                           window=args.window, step_range=args.step_range,
                           allow_mixed_runs=args.allow_mixed_runs)
+    if cross and data.analysis is not None and data.analysis.diagnosis is not None:
+        data.analysis.diagnosis.update(cross)
     out = report.write(data, args.output)
     size = out.stat().st_size / 2**20
     print(f"moetune report: wrote {out} ({size:.1f} MiB)", file=sys.stderr)
-    for why in filter(None, (data.problem, data.ledger_problem)):
+    for why in filter(None, (data.problem, data.ledger_problem, *notes)):
         print(f"moetune report: note: {why}", file=sys.stderr)
     return 0
