@@ -198,9 +198,12 @@ def _metrics(rec: Mapping[str, Any]) -> dict[str, Any]:
 
 def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, label: str,
                        *, profile_tpl: str | None, contract: Any, knob: str,
-                       value: Any, unlocks: Sequence[str] = ()) -> dict[str, Any]:
+                       value: Any, unlocks: Sequence[str] = (),
+                       base_confirm: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Screens (A B A B …) then, for a screen winner, the confirm pair and the audit. A change
-    that `unlocks` others goes on to confirm, and is kept, when it is not measurably slower."""
+    that `unlocks` others goes on to confirm, and is kept, when it is not measurably slower.
+    `base_confirm`: a finished confirm-length run of this baseline (the accepted candidate's
+    confirm run, profiled only before its window), which stands for the confirm baseline."""
     pol = runner.opts.policy
     swin = Window.tail(pol.screen_iters)
     a_ms: list[float | None] = []
@@ -235,8 +238,11 @@ def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, 
     if first is not None:
         return first
     n, cwin = pol.confirm_iters, pol.confirm_window
-    cb = runner.run(f"{prefix}:confirm-base:{label}:0", role="confirm-baseline",
-                    label="baseline", launch=_harness(base, n), iters=n, window=cwin)
+    reuse = base_confirm is not None and not _metrics(base_confirm).get("cause")
+    cb = base_confirm if reuse else runner.run(
+        f"{prefix}:confirm-base:{label}:0", role="confirm-baseline", label="baseline",
+        launch=_harness(base, n), iters=n, window=cwin)
+    assert cb is not None
     cand_run = _harness(cand, n)
     trace_dir = None
     if profile_tpl:
@@ -257,6 +263,9 @@ def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, 
     if traces:  # an accepted candidate's profile serves as the next round's
         res["profile"] = {"traces": traces, "log_path": cc.get("log_path"),
                           "step_s": (_metrics(cc).get("step_ms") or 0) / 1e3 or None}
+    if reuse:
+        res["confirm_base_run"] = cb.get("key")
+    res["confirm_run"] = cc.get("key")
     return res
 
 
@@ -396,6 +405,7 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
         # the A/B that made an accepted candidate the baseline (a noisy start does not make a
         # quieter configuration's small wins look like noise)
         noise = opts.policy.min_gain
+        base_confirm: dict[str, Any] | None = None
         stopped = f"{opts.budget} candidates validated (--budget)"
         try:
             while spent < opts.budget:
@@ -434,7 +444,8 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                         res = validate_candidate(runner, f"r{rnd}", base, cl, label,
                                                  profile_tpl=profile_tpl, contract=con,
                                                  knob=ch0.knob.name, value=ch0.value,
-                                                 unlocks=cand.get("unlocks") or ())
+                                                 unlocks=cand.get("unlocks") or (),
+                                                 base_confirm=base_confirm)
                         # the memory prediction that allowed the change, beside what it measured
                         res["predicted_memory"] = cand.get("memory")
                         led.record_decision(
@@ -457,6 +468,10 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                     if prior["verdict"] == "accepted":
                         base = apply_all(base, cand["changes"])
                         accepted.append(prior)
+                        # its confirm run is a confirm-length run of the new baseline: the next
+                        # rounds' confirm pairs use it instead of running the baseline again
+                        ckey = (prior.get("evidence") or {}).get("confirm_run")
+                        base_confirm = led.finished_run(sid, ckey) if ckey else None
                         progressed = True
                         break  # new baseline: profile and recommend again
                 if not progressed:

@@ -245,3 +245,26 @@ def test_time_budget_stops_before_a_run_that_would_pass_it(tmp_path: Path) -> No
     bad = moetune(*args, "--max-run-time", "0")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
     assert "--max-run-time" in bad.stderr
+
+
+def test_an_accepted_confirm_run_is_the_next_confirm_baseline(tmp_path: Path) -> None:
+    """After MBS 1 → 4 is accepted, its confirm run (a confirm-length run of the new baseline) is
+    the baseline of MBS 4 → 16's confirm pair: no baseline run is repeated for it."""
+    pytest.importorskip("torch")
+    r = moetune("tune", "--cmd", WORKLOAD, "--no-rules", "--no-profile", "--budget", "2",
+                "--try", "micro_batch_size=4", "--try", "micro_batch_size=16", *FAST,
+                "--ledger", str(tmp_path / "l.db"), "--workdir", str(tmp_path / "runs"),
+                "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    first, second = res["decisions"]
+    assert first["label"] == "micro_batch_size=4" and first["verdict"] == "accepted"
+    assert first["evidence"]["confirm_run"] == "r0:confirm:micro_batch_size=4:0"
+    assert "confirm_base_run" not in first["evidence"]
+    with sqlite3.connect(tmp_path / "l.db") as c:
+        keys = [k for (k,) in c.execute("SELECT key FROM runs ORDER BY id")]
+    assert "r0:confirm-base:micro_batch_size=4:0" in keys
+    assert "confirm" in second["evidence"], second  # its screens won: a confirm pair ran
+    assert second["evidence"]["confirm_base_run"] == "r0:confirm:micro_batch_size=4:0"
+    assert not any(k.startswith("r1:confirm-base") for k in keys)
+    assert "r1:confirm:micro_batch_size=16:0" in keys
