@@ -160,8 +160,9 @@ class Runner:
 
     def _check_budget(self, iters: int) -> None:
         """Refuse a run that would end past the time budget: its length is estimated as the
-        longest finished run of this session at the same iteration count (else the longest
-        of any); the session's first run always starts."""
+        longer of the session's last two finished runs at the same iteration count (else of
+        any count): the latest runs are of the configurations the loop has reached, which can
+        be many times faster than the start. The session's first run always starts."""
         cap = self.opts.max_run_time_s
         if cap is None:
             return
@@ -169,7 +170,7 @@ class Runner:
                 if r.get("finished_at") and r.get("started_at")]
         spent = run_time_s(runs)
         same = [r["finished_at"] - r["started_at"] for r in runs if _iters_of(r) == iters]
-        est = max(same or [r["finished_at"] - r["started_at"] for r in runs] or [0.0])
+        est = max((same or [r["finished_at"] - r["started_at"] for r in runs])[-2:] or [0.0])
         if spent + est > cap:
             raise BudgetSpent(f"runs took {spent:.0f} s of the {cap:.0f} s budget and the next "
                               f"would take about {est:.0f} s")
