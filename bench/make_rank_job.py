@@ -52,8 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
-import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = ROOT / "fixtures/traces/gpu_ep2_alltoall_overlap/rank0.pt.trace.json.gz"
@@ -85,7 +85,7 @@ def load(path: Path) -> dict[str, Any]:
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
-    return orjson.loads(raw)
+    return msgspec.json.decode(raw)
 
 
 def _to_ns(ts: float | int) -> int:
@@ -213,7 +213,7 @@ def build_template(path: Path, factors: dict[str, tuple[float, float]], split_fa
                     over_fix["s" + key] = json.dumps(json.dumps(split))
                     over_fix["m" + key] = str(n)
     doc["distributedInfo"] = "@@DIST:@@"
-    text = orjson.dumps(doc).decode()
+    text = msgspec.json.encode(doc).decode()
     parts = SLOT.split(text)
     chunks = parts[0::3]
     kinds = list(zip(parts[1::3], parts[2::3], strict=True))
@@ -311,7 +311,7 @@ def render(tpl: Template, layout: Layout, r: int, kind: str, offset_ns: int, pid
         elif k == "RANK":
             v = str(r)
         elif k == "DIST":
-            v = orjson.dumps(_dist(tpl, layout, r)).decode()
+            v = msgspec.json.encode(_dist(tpl, layout, r)).decode()
         else:
             v = fixed[i]
         out[2 * i + 1] = v
