@@ -180,6 +180,41 @@ def _memory(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _pair(ma.get(k), mb.get(k), 4) for k in ("peak_allocated_gib", "peak_reserved_gib")}
 
 
+def _set_change(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:
+    return {"a": sorted(a), "b": sorted(b), "new": sorted(set(b) - set(a)),
+            "gone": sorted(set(a) - set(b))}
+
+
+def _cross_rank(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Both sides' cross-rank views (`cross_rank`, the many-ranks path) side by side: rank count,
+    step-time spread over ranks, stragglers and overloaded EP ranks (which are new, which gone),
+    arrival skew per process-group role, the ranks the median step's path crosses. None when
+    neither side has one; a side without one reads as empty."""
+    ca, cb = a.get("cross_rank") or {}, b.get("cross_rank") or {}
+    if not (ca or cb):
+        return None
+    sa, sb = ca.get("step_time") or {}, cb.get("step_time") or {}
+    ra, rb = ((ca.get("process_groups") or {}).get("by_role") or {},
+              (cb.get("process_groups") or {}).get("by_role") or {})
+
+    def over(c: Mapping[str, Any]) -> list[int]:
+        return [int(o["rank"]) for o in (c.get("ep_imbalance") or {}).get("overloaded") or []]
+
+    return {
+        "ranks": _pair(ca.get("ranks"), cb.get("ranks"), 0),
+        "step_time_s": {k: _pair(sa.get(k), sb.get(k)) for k in ("p50", "p90", "max")},
+        "stragglers": _set_change((ca.get("stragglers") or {}).get("ranks") or [],
+                                  (cb.get("stragglers") or {}).get("ranks") or []),
+        "overloaded_ep_ranks": _set_change(over(ca), over(cb)),
+        "arrival_skew_p50_s": {
+            role: _pair(((ra.get(role) or {}).get("skew_s") or {}).get("p50"),
+                        ((rb.get(role) or {}).get("skew_s") or {}).get("p50"))
+            for role in sorted(set(ra) | set(rb))},
+        "critical_path_ranks": {"a": list((ca.get("critical_path") or {}).get("ranks") or []),
+                                "b": list((cb.get("critical_path") or {}).get("ranks") or [])},
+    }
+
+
 def _side(diag: Mapping[str, Any], label: str) -> dict[str, Any]:
     return {"label": redact_text(label),
             "inputs": [redact_text(str(i.get("file"))) for i in diag.get("inputs") or []],
@@ -269,7 +304,7 @@ def diff_analyses(a: Any, b: Any, *, top: int = TOP, labels: tuple[str, str] = (
         "observed": _observed(da, db),
         "audit": _audit(aa, ab),
         "memory": _memory(da, db),
-    }
+    } | ({"cross_rank": cr} if (cr := _cross_rank(da, db)) is not None else {})
 
 
 def _run_side(run: Mapping[str, Any]) -> dict[str, Any]:

@@ -260,3 +260,39 @@ def render_diff(doc: dict[str, Any], console: Console | None = None) -> None:
                   f"{pr['a']} → {pr['b']} GiB", markup=False)
     else:
         out.print("device memory peak: unknown (no allocator events in either trace)")
+    for line in cross_rank_diff_lines(doc.get("cross_rank")):
+        out.print(line, markup=False)
+
+
+def cross_rank_diff_lines(cr: dict[str, Any] | None) -> list[str]:
+    """The diff's cross-rank lines: rank count, step-time spread, stragglers, overloaded EP
+    ranks, arrival skew per role, the median step's path."""
+    if not cr:
+        return []
+
+    def ranks(xs: list[int]) -> str:
+        return ", ".join(map(str, xs)) or "none"
+
+    def change(c: dict[str, Any]) -> str:
+        moved = [f"new {ranks(c['new'])}"] * bool(c["new"]) + [f"gone {ranks(c['gone'])}"] * bool(
+            c["gone"])
+        return f"{ranks(c['a'])} → {ranks(c['b'])}" + (f" ({'; '.join(moved)})" if moved else "")
+
+    n, st = cr["ranks"], cr["step_time_s"]
+    lines = [f"cross-rank: ranks {n['a'] or '—'} → {n['b'] or '—'} · step p50 "
+             f"{_delta_ms(st['p50'])}, max {_delta_ms(st['max'])}",
+             f"  stragglers {change(cr['stragglers'])} · overloaded EP ranks "
+             f"{change(cr['overloaded_ep_ranks'])}"]
+    skew = cr.get("arrival_skew_p50_s") or {}
+    if skew:
+        lines.append("  arrival skew p50: " + " · ".join(
+            f"{role.replace('_', ' ')} {_delta_us(p)}" for role, p in skew.items()))
+    path = cr["critical_path_ranks"]
+    lines.append(f"  median step's path crosses ranks {path['a'] or '—'} → {path['b'] or '—'}")
+    return lines
+
+
+def _delta_us(p: dict[str, Any]) -> str:
+    a, b = p.get("a"), p.get("b")
+    return (f"{'—' if a is None else f'{a * 1e6:,.1f}'} → "
+            f"{'—' if b is None else f'{b * 1e6:,.1f}'} µs")

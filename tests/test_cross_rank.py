@@ -172,3 +172,33 @@ def test_real_two_ranks_agree_with_align_clocks(case: str) -> None:
     # two ranks cannot tell a straggler from its peer
     assert doc["stragglers"]["ranks"] == [] and "unobservable" in doc["stragglers"]
     assert doc["critical_path"]["ranks"]
+
+
+def test_diff_of_two_jobs_names_what_moved(job: tuple[Path, dict[str, Any], Summaries],
+                                           tmp_path: Path) -> None:
+    """`moetune diff` of two rank directories (the many-ranks path): the document's
+    `cross_rank` part says which stragglers and overloaded EP ranks are new and which gone."""
+    import subprocess
+
+    other = tmp_path / "other"
+    assert _generator().main([str(other), "--ranks", str(RANKS), "--ep", str(EP), "--seed", "11",
+                              "--jobs", "1"]) == 0
+    ta, tb = job[1], json.loads((other / "truth.json").read_text())
+    r = subprocess.run([sys.executable, "-m", "moetune", "diff", str(job[0]), str(other),
+                        "--cache", str(tmp_path / "cache"), "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, json.loads((ROOT / "schemas/diff.schema.json").read_text()))
+    cr = doc["cross_rank"]
+    assert cr["ranks"] == {"a": RANKS, "b": RANKS, "delta": 0}
+    over = cr["overloaded_ep_ranks"]
+    assert over["a"] == [ta["overloaded_rank"]] and over["b"] == [tb["overloaded_rank"]]
+    if ta["overloaded_rank"] != tb["overloaded_rank"]:
+        assert over["new"] == [tb["overloaded_rank"]] and over["gone"] == [ta["overloaded_rank"]]
+    assert ta["slow_rank"] in cr["stragglers"]["a"] and tb["slow_rank"] in cr["stragglers"]["b"]
+    text = subprocess.run([sys.executable, "-m", "moetune", "diff", str(job[0]), str(other),
+                           "--cache", str(tmp_path / "cache")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert f"overloaded EP ranks {ta['overloaded_rank']} → {tb['overloaded_rank']}" in text.stdout

@@ -127,9 +127,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     else:
         render_diff(doc)
-        for label, diagnosis, mapped in many:  # the diff document has no cross-rank part
-            print("\n".join(f"{label}: {line}" for line in
-                            scale.summary_lines(mapped) + scale.cross_rank_lines(diagnosis)))
+        for label, _, mapped in many:  # how each many-ranks side was read
+            print("\n".join(f"{label}: {line}" for line in scale.summary_lines(mapped)))
     render_warnings(doc["warnings"])
     gate = args.fail_if_slower
     if gate is not None:
