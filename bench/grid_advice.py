@@ -57,6 +57,11 @@ def judge(rec: dict[str, Any], start_ms: float, points: dict[str, dict[str, Any]
     if hit is None:
         return row
     row["point"] = hit["id"]
+    mem = rec.get("memory") or {}
+    if mem.get("peak_gib") is not None and hit.get("max_alloc_gib"):
+        # the peak the advisor predicted (measured peak + the model's delta) against the point's
+        row["memory_gib"] = {"predicted": mem["peak_gib"], "measured": hit["max_alloc_gib"],
+                             "error": round(mem["peak_gib"] / hit["max_alloc_gib"] - 1, 4)}
     if hit["status"] == "ok" and hit["step_ms"]:
         g = start_ms / hit["step_ms"] - 1
         row["measured"] = round(g, 4)
@@ -112,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"top recommendation from non-optimal points: {len(tops)}; measured wins "
           f"{sum(1 for t in tops if (t['measured'] or 0) > 0.02)}, unmeasured "
           f"{sum(1 for t in tops if t['measured'] is None)}")
+    mems = [r["memory_gib"]["error"] for row in rows for r in row["recommendations"]
+            if r.get("memory_gib")]
+    if mems:
+        print(f"memory predictions against the measured max allocated: {len(mems)}; within "
+              f"±15 % {sum(abs(e) <= 0.15 for e in mems)} (errors {min(mems):+.1%} … "
+              f"{max(mems):+.1%}); out-of-memory points recommended: "
+              f"{sum(1 for row in rows for r in row['recommendations'] if r.get('status') == 'oom')}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
