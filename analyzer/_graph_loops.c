@@ -17,6 +17,8 @@
  * → (records, hi, cut): records a list of (v, lo_v, hi, best, best_rel, best_kind, best_via),
  *   best = -1 when v has no predecessor on this rank (the walk ended there); hi the path's lower
  *   end when the loop stopped on its own condition, cut = 1 then (0 when it ended at a source).
+ * walk_into(..., out) → (count, hi, cut): the same records written row by row to `out` (int64,
+ *   room for 7 × n), which critical_path.py reads as a (count, 7) array.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -40,35 +42,14 @@ static int get_buf(PyObject *o, Py_buffer *b, Py_ssize_t itemsize, const char *w
     return 0;
 }
 
-static PyObject *walk(PyObject *self, PyObject *args) {
-    PyObject *o[7];
-    long long sink, rank_id, start_ns, end_ns;
-    if (!PyArg_ParseTuple(args, "OOOOOOOLLLL", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
-                          &sink, &rank_id, &start_ns, &end_ns))
-        return NULL;
-    Py_buffer b[7];
-    const Py_ssize_t size[7] = {8, 8, 8, 8, 8, 1, 8};
-    static const char *names[7] = {"ts", "en", "rank", "in_ptr", "in_src", "in_kind", "in_via"};
-    int got = 0;
-    PyObject *records = NULL, *out = NULL;
-    unsigned char *seen = NULL;
-    for (; got < 7; got++)
-        if (get_buf(o[got], &b[got], size[got], names[got]) < 0) goto done;
-    const int64_t *ts = b[0].buf, *en = b[1].buf, *rank = b[2].buf, *in_ptr = b[3].buf,
-                  *in_src = b[4].buf, *in_via = b[6].buf;
-    const int8_t *in_kind = b[5].buf;
-    Py_ssize_t n = b[0].len / 8, m = b[4].len / 8;
-    if (b[1].len / 8 != n || b[2].len / 8 != n || b[3].len / 8 != n + 1 || b[5].len != m ||
-        b[6].len / 8 != m || sink < 0 || sink >= n) {
-        PyErr_SetString(PyExc_ValueError, "walk: array lengths or sink out of range");
-        goto done;
-    }
-    seen = calloc(n ? n : 1, 1);
-    records = PyList_New(0);
-    if (!seen || !records) {
-        if (!seen) PyErr_NoMemory();
-        goto done;
-    }
+/* The walk's loop: writes one record of 7 int64 per op on the path to `rec` (room for n, the
+ * walk visits a node at most once) and returns their count; `*hi_out`, `*cut_out` as in `walk`. */
+static Py_ssize_t walk_loop(const int64_t *ts, const int64_t *en, const int64_t *rank,
+                            const int64_t *in_ptr, const int64_t *in_src, const int8_t *in_kind,
+                            const int64_t *in_via, Py_ssize_t n, Py_ssize_t m, int64_t sink,
+                            int64_t rank_id, int64_t start_ns, int64_t end_ns,
+                            unsigned char *seen, int64_t *rec, int64_t *hi_out, int *cut_out) {
+    Py_ssize_t count = 0;
     int64_t hi = en[sink] < end_ns ? en[sink] : end_ns;
     int64_t v = sink;
     int cut = 1;
@@ -102,14 +83,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         if (best >= 0 && best_rel > lo_v) lo_v = best_rel;
         if (start_ns > lo_v) lo_v = start_ns;
         if (hi < lo_v) lo_v = hi;
-        PyObject *rec = Py_BuildValue("(LLLLLiL)", (long long)v, (long long)lo_v, (long long)hi,
-                                      (long long)best, (long long)best_rel, best_kind,
-                                      (long long)best_via);
-        if (!rec || PyList_Append(records, rec) < 0) {
-            Py_XDECREF(rec);
-            goto done;
-        }
-        Py_DECREF(rec);
+        int64_t *r = rec + 7 * count++;
+        r[0] = v; r[1] = lo_v; r[2] = hi; r[3] = best; r[4] = best_rel; r[5] = best_kind;
+        r[6] = best_via;
         if (best < 0) {
             cut = 0;
             break;
@@ -117,13 +93,91 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         hi = best_rel < lo_v ? best_rel : lo_v;
         v = best;
     }
+    *hi_out = hi;
+    *cut_out = cut;
+    return count;
+}
+
+/* walk(...) → (records, hi, cut); walk_into(..., out) writes the records to `out` (writable
+ * int64, at least 7 × n items, row-major (count, 7)) → (count, hi, cut): no Python object per
+ * record, the caller reads them as one array. */
+static PyObject *walk_impl(PyObject *args, int into) {
+    PyObject *o[8];
+    long long sink, rank_id, start_ns, end_ns;
+    if (into) {
+        if (!PyArg_ParseTuple(args, "OOOOOOOLLLLO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                              &o[6], &sink, &rank_id, &start_ns, &end_ns, &o[7]))
+            return NULL;
+    } else if (!PyArg_ParseTuple(args, "OOOOOOOLLLL", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                                 &o[6], &sink, &rank_id, &start_ns, &end_ns)) {
+        return NULL;
+    }
+    Py_buffer b[7], ob;
+    const Py_ssize_t size[7] = {8, 8, 8, 8, 8, 1, 8};
+    static const char *names[7] = {"ts", "en", "rank", "in_ptr", "in_src", "in_kind", "in_via"};
+    int got = 0, got_out = 0;
+    PyObject *records = NULL, *out = NULL;
+    unsigned char *seen = NULL;
+    int64_t *rec = NULL;
+    for (; got < 7; got++)
+        if (get_buf(o[got], &b[got], size[got], names[got]) < 0) goto done;
+    const int64_t *ts = b[0].buf, *en = b[1].buf, *rank = b[2].buf, *in_ptr = b[3].buf,
+                  *in_src = b[4].buf, *in_via = b[6].buf;
+    const int8_t *in_kind = b[5].buf;
+    Py_ssize_t n = b[0].len / 8, m = b[4].len / 8;
+    if (b[1].len / 8 != n || b[2].len / 8 != n || b[3].len / 8 != n + 1 || b[5].len != m ||
+        b[6].len / 8 != m || sink < 0 || sink >= n) {
+        PyErr_SetString(PyExc_ValueError, "walk: array lengths or sink out of range");
+        goto done;
+    }
+    if (into) {
+        if (PyObject_GetBuffer(o[7], &ob, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+            goto done;
+        got_out = 1;
+        if (ob.itemsize != 8 || ob.len / 8 < 7 * n) {
+            PyErr_SetString(PyExc_ValueError, "walk_into: out needs 7 × n int64 items");
+            goto done;
+        }
+        rec = ob.buf;
+    } else {
+        rec = malloc((n ? n : 1) * 7 * sizeof(int64_t));
+    }
+    seen = calloc(n ? n : 1, 1);
+    if (!seen || !rec) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t hi;
+    int cut;
+    Py_ssize_t count = walk_loop(ts, en, rank, in_ptr, in_src, in_kind, in_via, n, m, sink,
+                                 rank_id, start_ns, end_ns, seen, rec, &hi, &cut);
+    if (into) {
+        out = Py_BuildValue("(nLi)", count, (long long)hi, cut);
+        goto done;
+    }
+    records = PyList_New(count);
+    if (!records) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const int64_t *r = rec + 7 * i;
+        PyObject *t = Py_BuildValue("(LLLLLiL)", (long long)r[0], (long long)r[1],
+                                    (long long)r[2], (long long)r[3], (long long)r[4], (int)r[5],
+                                    (long long)r[6]);
+        if (!t) goto done;
+        PyList_SET_ITEM(records, i, t);
+    }
     out = Py_BuildValue("(OLi)", records, (long long)hi, cut);
 done:
     Py_XDECREF(records);
     free(seen);
+    if (!into) free(rec);
+    if (got_out) PyBuffer_Release(&ob);
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
     return out;
 }
+
+static PyObject *walk(PyObject *self, PyObject *args) { return walk_impl(args, 0); }
+
+static PyObject *walk_into(PyObject *self, PyObject *args) { return walk_impl(args, 1); }
 
 static PyObject *acyclic(PyObject *self, PyObject *args) {
     PyObject *po, *so;
@@ -176,6 +230,7 @@ done:
 static PyMethodDef methods[] = {
     {"acyclic", acyclic, METH_VARARGS, "Kahn's check over a CSR of successors (module doc)."},
     {"walk", walk, METH_VARARGS, "Critical-path walk of one step window (see the module doc)."},
+    {"walk_into", walk_into, METH_VARARGS, "The walk, its records written to an int64 array."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -110,6 +110,10 @@ try:  # the compiled walk (setup.py); `_walk_py` is the same loop in Python
     from moetune.analyzer._graph_loops import walk as _walk_c
 except ImportError:  # pragma: no cover - built at install; a machine without a compiler
     _walk_c = None
+try:  # the same walk writing its records to one array (an older build may lack it)
+    from moetune.analyzer._graph_loops import walk_into as _walk_into_c
+except ImportError:  # pragma: no cover - built at install; a machine without a compiler
+    _walk_into_c = None
 
 _NO_RANK = -(2**63)  # rank of a node without one: matches no rank a walk runs on
 
@@ -117,10 +121,10 @@ _NO_RANK = -(2**63)  # rank of a node without one: matches no rank a walk runs o
 @dataclass(frozen=True, slots=True)
 class _WalkArrays:
     """The graph's columns by node position, built once per graph and walked by every step:
-    contiguous arrays for the compiled walk, Python lists for the pure-Python one (on demand)."""
+    contiguous arrays for the compiled walk and the column paths, Python lists for the
+    pure-Python walk and `ids` / `wall` (on demand: ~30 MB of objects at 333 k nodes that the
+    compiled path never reads)."""
 
-    ids: list[int]
-    wall: list[str]
     ts: np.ndarray  # int64
     en: np.ndarray
     rank: np.ndarray  # int64, _NO_RANK for null
@@ -128,10 +132,26 @@ class _WalkArrays:
     in_src: np.ndarray  # int64 source position per in-edge (graph.in_edge order)
     in_kind: np.ndarray  # int8 index into EDGE_KINDS
     in_via: np.ndarray  # int64 node id, -1 for none
+    wall_code: np.ndarray  # int8 index into wall_names per node position
+    wall_names: tuple[str | None, ...]
+    ids_arr: np.ndarray  # int64 node ids, ascending
     lists: dict[str, list] = field(default_factory=dict)
 
+    @property
+    def ids(self) -> list[int]:
+        if "ids" not in self.lists:
+            self.lists["ids"] = self.ids_arr.tolist()
+        return self.lists["ids"]
+
+    @property
+    def wall(self) -> list[str | None]:
+        if "wall" not in self.lists:
+            names = self.wall_names
+            self.lists["wall"] = [names[c] for c in self.wall_code.tolist()]
+        return self.lists["wall"]
+
     def as_lists(self) -> dict[str, list]:
-        if not self.lists:
+        if "ts" not in self.lists:
             for k in ("ts", "en", "rank", "in_ptr", "in_src", "in_kind", "in_via"):
                 self.lists[k] = getattr(self, k).tolist()
         return self.lists
@@ -141,14 +161,25 @@ def _walk_arrays(graph: TimelineGraph) -> _WalkArrays:
     n = graph.nodes
     e = graph.in_edge
     i64 = lambda c: np.ascontiguousarray(n[c].to_numpy(), dtype=np.int64)  # noqa: E731
+    # walls as small codes: the segments of every step are built and summed as arrays
+    wall = n["wall"].cast(pl.String)
+    names: tuple[str | None, ...] = (*_WALL_NAMES, *sorted(
+        {w for w in wall.unique().to_list() if w not in _WALL_CODE},
+        key=lambda w: (w is None, w or "")))
+    code = {w: i for i, w in enumerate(names)}
+    wall_code = (wall.replace_strict(
+        [w for w in names if w is not None], [code[w] for w in names if w is not None],
+        default=None, return_dtype=pl.Int8).fill_null(code.get(None, -1)).to_numpy())
     return _WalkArrays(
-        graph.ids.tolist(), n["wall"].to_list(), i64("ts_ns"), i64("end_ns"),
+        i64("ts_ns"), i64("end_ns"),
         np.ascontiguousarray(n["rank"].cast(pl.Int64).fill_null(_NO_RANK).to_numpy(),
                              dtype=np.int64),
         np.ascontiguousarray(graph.in_ptr, dtype=np.int64),
         np.ascontiguousarray(graph.src[e], dtype=np.int64),
         np.ascontiguousarray(graph.kind[e], dtype=np.int8),
-        np.ascontiguousarray(graph.via[e], dtype=np.int64))
+        np.ascontiguousarray(graph.via[e], dtype=np.int64),
+        np.ascontiguousarray(wall_code, dtype=np.int8), names,
+        np.ascontiguousarray(graph.ids, dtype=np.int64))
 
 
 _PRIORITY_BY_CODE = [_PRIORITY[k] for k in EDGE_KINDS]
@@ -213,6 +244,7 @@ class _RankView:
     max_dur: int
     rank: int
     arrays: _WalkArrays
+    cols: tuple[np.ndarray, ...] = ()  # gpu's ts_ns, end_ns, node, pos as int64 arrays
 
     def gpu_in(self, lo: int, hi: int) -> pl.DataFrame:
         """GPU nodes overlapping [lo, hi): a sorted slice, then the exact test."""
@@ -221,12 +253,178 @@ class _RankView:
         b = t.search_sorted(hi, side="left")
         return self.gpu.slice(a, b - a).filter(pl.col("end_ns") > lo)
 
+    def sink(self, lo: int, hi: int) -> int | None:
+        """Position of the GPU op that ends last inside [lo, hi) (ties: the later-starting one,
+        then the higher id), None when no op overlaps it: `gpu_in` and a sort, on arrays (a
+        polars query per step costs more than the search)."""
+        ts, en, node, pos = self.cols
+        a = int(np.searchsorted(ts, lo - self.max_dur, side="left"))
+        b = int(np.searchsorted(ts, hi, side="left"))
+        m = np.flatnonzero(en[a:b] > lo) + a
+        if not len(m):
+            return None
+        i = np.lexsort((node[m], ts[m], np.minimum(en[m], hi)))[-1]
+        return int(pos[m[i]])
+
 
 def _view(graph: TimelineGraph, rank: int, arrays: _WalkArrays | None = None) -> _RankView:
     n = graph.nodes.with_row_index("pos").filter(pl.col("rank") == rank)
     gpu = n.filter(pl.col("is_gpu")).sort("ts_ns", "node")
     max_dur = int((gpu["end_ns"] - gpu["ts_ns"]).max() or 0) if gpu.height else 0
-    return _RankView(gpu, max_dur, rank, arrays or _walk_arrays(graph))
+    cols = tuple(np.ascontiguousarray(gpu[c].to_numpy(), dtype=np.int64)
+                 for c in ("ts_ns", "end_ns", "node", "pos"))
+    return _RankView(gpu, max_dur, rank, arrays or _walk_arrays(graph), cols)
+
+
+# Segments as columns: walls and `what` as codes. A step's path is a few thousand segments and a
+# diagnosis walks every step: sums, the longest segments and the frames of the communication
+# split are taken on the arrays; `Segment` tuples are made only for the API and the document's
+# top lists.
+_WALL_NAMES: tuple[str, ...] = (*WALLS, "other")
+_WALL_CODE = {w: i for i, w in enumerate(_WALL_NAMES)}
+_W_HOST, _W_OTHER, _W_COMM = _WALL_CODE["host"], _WALL_CODE["other"], _WALL_CODE["communication"]
+_WHAT_NAMES: tuple[str, ...] = ("op", "step_tail", "step_start", "unexplained_gap",
+                                *(_GAP_WHAT[k] for k in EDGE_KINDS))
+_OP, _TAIL, _START, _UNEXPLAINED = 0, 1, 2, 3
+_GAP_WHAT_CODE = np.arange(4, 4 + len(EDGE_KINDS), dtype=np.int8)  # by edge kind code
+_GAP_WALL_CODE = np.array([_WALL_CODE[GAP_WALL[k]] for k in EDGE_KINDS], dtype=np.int8)
+_DEP_CODES = np.array([EDGE_KINDS.index(k) for k in DEP_KINDS], dtype=np.int8)
+
+
+class _Path(NamedTuple):
+    """One step's critical path as columns in time order (what `critical_path` returns as
+    `Segment`s): -1 stands for None in node, waiter, edge (an EDGE_KINDS code) and via."""
+
+    rank: int
+    step: int
+    start: np.ndarray  # int64
+    end: np.ndarray
+    wall: np.ndarray  # int8 index into the walk arrays' wall_names
+    what: np.ndarray  # int8 index into _WHAT_NAMES
+    node: np.ndarray  # int64
+    waiter: np.ndarray
+    edge: np.ndarray  # int8
+    via: np.ndarray
+    blocking: np.ndarray  # bool
+
+
+def _records(a: _WalkArrays, sink: int, rank: int, start_ns: int, end_ns: int,
+             compiled: bool) -> tuple[np.ndarray, int, int]:
+    """The walk's records as a (count, 7) int64 array (`_walk_py` for the columns), with the
+    path's lower end and the cut flag."""
+    if compiled and _walk_into_c is not None:
+        out = np.empty((len(a.ts), 7), dtype=np.int64)  # untouched rows cost no memory
+        count, last_hi, cut = _walk_into_c(a.ts, a.en, a.rank, a.in_ptr, a.in_src, a.in_kind,
+                                           a.in_via, sink, rank, start_ns, end_ns, out)
+        return out[:count], last_hi, cut
+    if compiled and _walk_c is not None:
+        records, last_hi, cut = _walk_c(a.ts, a.en, a.rank, a.in_ptr, a.in_src, a.in_kind,
+                                        a.in_via, sink, rank, start_ns, end_ns)
+    else:
+        records, last_hi, cut = _walk_py(a, sink, rank, start_ns, end_ns)
+    return np.array(records, dtype=np.int64).reshape(-1, 7), last_hi, cut
+
+
+def _one(rank: int, step: int, start: int, end: int, wall: int, what: int) -> _Path:
+    i64 = lambda x: np.array([x], dtype=np.int64)  # noqa: E731
+    return _Path(rank, step, i64(start), i64(end), np.array([wall], dtype=np.int8),
+                 np.array([what], dtype=np.int8), i64(-1), i64(-1),
+                 np.array([-1], dtype=np.int8), i64(-1), np.zeros(1, dtype=bool))
+
+
+def _path(view: _RankView, rank: int, step: int, start_ns: int, end_ns: int,
+          compiled: bool = True) -> _Path:
+    """The critical path of one step window as columns; see `critical_path` for the segments."""
+    a = view.arrays
+    sink = view.sink(start_ns, end_ns)
+    if sink is None:
+        return _one(rank, step, start_ns, end_ns, _W_HOST, _TAIL)
+    r, last_hi, cut = _records(a, sink, rank, start_ns, end_ns, compiled)
+    k = len(r)
+    v, lo, hi, best, rel, bk, bv = (r[:, j] for j in range(7))
+    wc = a.wall_code[v]
+    node = a.ids_arr[v]
+    # each op's successor on the path (the record before it): the waiter, its edge and via
+    prev = lambda x, fill: np.concatenate(([fill], x[:-1])).astype(x.dtype)  # noqa: E731
+    waiter, edge, via = prev(node, -1), prev(bk, -1).astype(np.int8), prev(bv, -1)
+    waiter_wall = prev(wc, -1)
+    # the gap before each op, down to its binding predecessor's release
+    has = best >= 0
+    gap_lo = np.maximum(rel, start_ns)
+    gap = has & (gap_lo < lo)
+    kind = np.where(has, bk, 0)
+    gwall, gwhat = _GAP_WALL_CODE[kind], _GAP_WHAT_CODE[kind]
+    # launched long before: it waited on something else
+    unexplained = (kind == _LAUNCH) & (bv < 0) & (lo - gap_lo > LAUNCH_LATENCY_NS)
+    gwall[unexplained], gwhat[unexplained] = _W_OTHER, _UNEXPLAINED
+    # time order: for each record from the last: its gap, then the op
+    m = 2 * k
+    start, end = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64)
+    start[0::2], start[1::2] = gap_lo[::-1], lo[::-1]
+    end[0::2], end[1::2] = lo[::-1], hi[::-1]
+    wall, what = np.empty(m, dtype=np.int8), np.empty(m, dtype=np.int8)
+    wall[0::2], wall[1::2] = gwall[::-1], wc[::-1]
+    what[0::2], what[1::2] = gwhat[::-1], _OP
+    nd = np.repeat(node[::-1], 2)
+    wt, ed, vi, ww = (np.empty(m, dtype=x.dtype) for x in (waiter, edge, via, waiter_wall))
+    for out, x in ((wt, waiter), (ed, edge), (vi, via), (ww, waiter_wall)):
+        out[0::2], out[1::2] = -1, x[::-1]
+    keep = np.empty(m, dtype=bool)
+    keep[0::2], keep[1::2] = gap[::-1], True
+    head: list[tuple[int, int, int, int]] = []  # (start, end, wall, what) before the records
+    if cut and last_hi > start_ns:  # cut short (cycle guard or reached the window start exactly)
+        head.append((start_ns, last_hi, _W_OTHER, _START))
+    if k and best[-1] < 0 and lo[-1] > start_ns:
+        head.append((start_ns, int(lo[-1]), _W_HOST if wc[-1] == _W_HOST else _W_OTHER, _START))
+    hi0 = int(hi[0]) if k else min(int(a.en[sink]), end_ns)
+    tail = [(hi0, end_ns, _W_HOST, _TAIL)] if hi0 < end_ns else []
+    if head or tail:
+        h, t = len(head), len(tail)
+        extra = lambda x, fill: np.concatenate(  # noqa: E731
+            (np.full(h, fill, dtype=x.dtype), x, np.full(t, fill, dtype=x.dtype)))
+        # typed pieces: an empty list would make the concatenation float (ns lost above 2**53)
+        side = lambda rows, j, dt: np.array([e[j] for e in rows], dtype=dt)  # noqa: E731
+        around = lambda j, x: np.concatenate(  # noqa: E731
+            (side(head, j, x.dtype), x, side(tail, j, x.dtype)))
+        start, end, wall, what = around(0, start), around(1, end), around(2, wall), around(3, what)
+        nd, wt, ed, vi, ww = (extra(x, -1) for x in (nd, wt, ed, vi, ww))
+        keep = np.concatenate((np.ones(h, dtype=bool), keep, np.ones(t, dtype=bool)))
+    keep &= end > start
+    start, end, wall, what, nd, wt, ed, vi, ww = (
+        x[keep] for x in (start, end, wall, what, nd, wt, ed, vi, ww))
+    return _Path(rank, step, start, end, wall, what, nd, wt, ed, vi,
+                 _blocking(wall, what, nd, wt, ed, ww))
+
+
+def _blocking(wall: np.ndarray, what: np.ndarray, node: np.ndarray, waiter: np.ndarray,
+              edge: np.ndarray, waiter_wall: np.ndarray) -> np.ndarray:
+    """Comm ops on the path whose successor entered through a dependency edge, walking back so
+    a comm op feeding a blocking comm op is blocking too (`_mark_blocking` on columns)."""
+    out = np.zeros(len(wall), dtype=bool)
+    cand = np.flatnonzero((what == _OP) & (wall == _W_COMM) & (waiter >= 0)
+                          & np.isin(edge, _DEP_CODES))
+    if not len(cand):
+        return out
+    blocking_nodes: set[int] = set()
+    for i, nd, w, ww in zip(cand[::-1].tolist(), node[cand[::-1]].tolist(),
+                            waiter[cand[::-1]].tolist(), waiter_wall[cand[::-1]].tolist(),
+                            strict=True):
+        if ww != _W_COMM or w in blocking_nodes:
+            blocking_nodes.add(nd)
+            out[i] = True
+    return out
+
+
+def _segments(p: _Path, wall_names: Sequence[str | None]) -> list[Segment]:
+    """The `Segment` tuples of a path's columns."""
+    rank, step = p.rank, p.step
+    return [Segment(rank, step, s, e, wall_names[w], _WHAT_NAMES[h], None if n < 0 else n, b,
+                    None if wt < 0 else wt, None if ed < 0 else EDGE_KINDS[ed],
+                    None if vi < 0 else vi)
+            for s, e, w, h, n, b, wt, ed, vi in zip(
+                p.start.tolist(), p.end.tolist(), p.wall.tolist(), p.what.tolist(),
+                p.node.tolist(), p.blocking.tolist(), p.waiter.tolist(), p.edge.tolist(),
+                p.via.tolist(), strict=True)]
 
 
 def critical_path(graph: TimelineGraph, *, rank: int, step: int, start_ns: int,
@@ -235,48 +433,8 @@ def critical_path(graph: TimelineGraph, *, rank: int, step: int, start_ns: int,
     """Segments of the critical path of one step window, in time order. `compiled=False` walks
     in Python (the compiled walk gives the same records)."""
     view = view or _view(graph, rank)
-    a = view.arrays
-    gpu = view.gpu_in(start_ns, end_ns)
-    if gpu.height == 0:
-        return [Segment(rank, step, start_ns, end_ns, "host", "step_tail", None)]
-    # Sink: the GPU op that ends last inside the window (ties: the later-starting one).
-    sink = int(gpu.with_columns(ce=pl.min_horizontal("end_ns", pl.lit(end_ns))).sort(
-        "ce", "ts_ns", "node").get_column("pos")[-1])
-    if compiled and _walk_c is not None:
-        records, last_hi, cut = _walk_c(a.ts, a.en, a.rank, a.in_ptr, a.in_src, a.in_kind,
-                                        a.in_via, sink, rank, start_ns, end_ns)
-    else:
-        records, last_hi, cut = _walk_py(a, sink, rank, start_ns, end_ns)
-    ids, wall = a.ids, a.wall
-    out: list[Segment] = []
-    hi = records[0][2] if records else min(int(a.en[sink]), end_ns)
-    if hi < end_ns:
-        out.append(Segment(rank, step, hi, end_ns, "host", "step_tail", None))
-    succ_edge: tuple[int, str, int | None] | None = None  # (successor node id, kind, via)
-    for v, lo_v, hi, best, best_rel, bk, bv in records:
-        seg_edge, seg_waiter, seg_via = None, None, None
-        if succ_edge is not None:
-            seg_waiter, seg_edge, seg_via = succ_edge
-        node = ids[v]
-        out.append(Segment(rank, step, lo_v, hi, wall[v], "op", node, False, seg_waiter,
-                           seg_edge, seg_via))
-        if best < 0:
-            if lo_v > start_ns:
-                lead = "host" if wall[v] == "host" else "other"
-                out.append(Segment(rank, step, start_ns, lo_v, lead, "step_start", None))
-            break
-        best_kind, best_via = EDGE_KINDS[bk], (None if bv < 0 else bv)
-        gap_lo = max(best_rel, start_ns)
-        if gap_lo < lo_v:
-            gw, what = GAP_WALL[best_kind], _GAP_WHAT[best_kind]
-            if best_kind == "launch" and best_via is None and lo_v - gap_lo > LAUNCH_LATENCY_NS:
-                gw, what = "other", "unexplained_gap"  # launched long before: waited on else
-            out.append(Segment(rank, step, gap_lo, lo_v, gw, what, node))
-        succ_edge = (node, best_kind, best_via)
-    if cut and last_hi > start_ns:  # cut short (cycle guard or reached the window start exactly)
-        out.append(Segment(rank, step, start_ns, last_hi, "other", "step_start", None))
-    out.reverse()
-    return _mark_blocking([s for s in out if s.end_ns > s.start_ns], _WallOf(ids, wall))
+    return _segments(_path(view, rank, step, start_ns, end_ns, compiled),
+                     view.arrays.wall_names)
 
 
 class _WallOf:
@@ -316,27 +474,78 @@ def _walls_of(path: Sequence[Segment]) -> dict[str, int]:
     return by
 
 
+def _path_walls(p: _Path, wall_names: Sequence[str | None]) -> dict[str, int]:
+    """`_walls_of` on columns: path time by wall."""
+    by = dict.fromkeys((*WALLS, "other"), 0)
+    dur = p.end - p.start
+    for c in np.unique(p.wall).tolist():
+        name = wall_names[c]
+        if name not in by:
+            raise KeyError(name)
+        by[name] += int(dur[p.wall == c].sum())
+    return by
+
+
 def _gain(t: float, r: float) -> float | None:
     return None if t - r <= 0 else round(t / (t - r) - 1, 6)
 
 
-def _comm_split(graph: TimelineGraph, win: pl.DataFrame, paths: dict[tuple[int, int], list[Segment]]
-                ) -> dict[tuple[int, int], dict[str, int]]:
+class _Cols(NamedTuple):
+    """Every step's segments in one set of columns, in the order of the steps (rank, step)."""
+
+    rank: np.ndarray
+    step: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    wall: np.ndarray
+    blocking: np.ndarray
+    paths: list[_Path]
+    offsets: np.ndarray  # segments of paths[i]: offsets[i]:offsets[i + 1]
+
+
+def _concat(paths: list[_Path]) -> _Cols:
+    n = np.array([len(p.start) for p in paths], dtype=np.int64)
+    off = np.zeros(len(paths) + 1, dtype=np.int64)
+    np.cumsum(n, out=off[1:])
+    cat = lambda f, dt: (np.concatenate([getattr(p, f) for p in paths])  # noqa: E731
+                         if paths else np.empty(0, dtype=dt))
+    return _Cols(np.repeat(np.array([p.rank for p in paths], dtype=np.int64), n),
+                 np.repeat(np.array([p.step for p in paths], dtype=np.int64), n),
+                 cat("start", np.int64), cat("end", np.int64), cat("wall", np.int8),
+                 cat("blocking", bool), paths, off)
+
+
+def _interval_frame(c: _Cols, mask: np.ndarray, like: pl.DataFrame) -> pl.DataFrame:
+    """rank, step, start, end of the masked segments, rank/step typed like `like`'s."""
+    return pl.DataFrame({"rank": c.rank[mask], "step": c.step[mask], iv.START: c.start[mask],
+                         iv.END: c.end[mask]},
+                        schema={"rank": pl.Int64, "step": pl.Int64, iv.START: pl.Int64,
+                                iv.END: pl.Int64},
+                        ).with_columns(pl.col("rank").cast(like.schema["rank"]),
+                                       pl.col("step").cast(like.schema["step"]))
+
+
+def _gpu_clipped(graph: TimelineGraph, win: pl.DataFrame) -> pl.DataFrame:
+    """The graph's GPU ops (rank, wall, start, end) clipped to their step windows, once for the
+    communication split and the host-busy share (a clip is per row: filtering by wall after it
+    keeps the same pieces)."""
+    w = win.rename({"win_start_ns": "lo", "win_end_ns": "hi"})
+    ops = graph.nodes.filter(pl.col("is_gpu")).select(
+        "rank", "wall", pl.col("ts_ns").alias(iv.START), pl.col("end_ns").alias(iv.END))
+    return iv.clip(ops, w, on=["rank"], window_cols=["step"], start="lo", end="hi")
+
+
+def _comm_split(graph: TimelineGraph, win: pl.DataFrame, cols: _Cols,
+                clipped: pl.DataFrame | None = None) -> dict[tuple[int, int], dict[str, int]]:
     """Per (rank, step) window: communication busy, hidden (∩ compute), blocking (blocking path
     segments − compute, at most busy − hidden) and exposed ns, for every step in one pass of
     interval algebra (GPU ops clipped to their window)."""
     by = ["rank", "step"]
-    w = win.rename({"win_start_ns": "lo", "win_end_ns": "hi"})
-    ops = graph.nodes.filter(pl.col("is_gpu") & pl.col("wall").is_in(["communication", "compute"]))
-    ops = ops.select("rank", "wall", pl.col("ts_ns").alias(iv.START), pl.col("end_ns").alias(iv.END))
-    clipped = iv.clip(ops, w, on=["rank"], window_cols=["step"], start="lo", end="hi")
+    if clipped is None:
+        clipped = _gpu_clipped(graph, win)
     comm = clipped.filter(pl.col("wall") == "communication").drop("wall")
     comp = clipped.filter(pl.col("wall") == "compute").drop("wall")
-    blk = pl.DataFrame(
-        [(s.rank, s.step, s.start_ns, s.end_ns) for p in paths.values() for s in p if s.blocking],
-        schema={"rank": pl.Int64, "step": pl.Int64, iv.START: pl.Int64, iv.END: pl.Int64},
-        orient="row",
-    ).with_columns(pl.col("rank").cast(comm.schema["rank"]), pl.col("step").cast(comm.schema["step"]))
+    blk = _interval_frame(cols, cols.blocking, comm)
 
     def lengths(df: pl.DataFrame) -> dict[tuple[int, int], int]:
         return {(r, st): n for r, st, n in iv.total(df, by=by).iter_rows()}
@@ -345,29 +554,56 @@ def _comm_split(graph: TimelineGraph, win: pl.DataFrame, paths: dict[tuple[int, 
     hidden = lengths(iv.intersect(comm, comp, by=by))
     blocking = lengths(iv.subtract(blk, comp, by=by))
     out = {}
-    for key in paths:
+    for p in cols.paths:
+        key = (p.rank, p.step)
         b, h = busy.get(key, 0), hidden.get(key, 0)
         bl = min(blocking.get(key, 0), b - h)
         out[key] = {"busy": b, "hidden": h, "blocking": bl, "exposed": b - h - bl}
     return out
 
 
-def _host_while_gpu_busy(graph: TimelineGraph, win: pl.DataFrame,
-                         paths: dict[tuple[int, int], list[Segment]]) -> dict[tuple[int, int], int]:
+def _host_while_gpu_busy(graph: TimelineGraph, win: pl.DataFrame, cols: _Cols,
+                         wall_names: Sequence[str | None], clipped: pl.DataFrame | None = None
+                         ) -> dict[tuple[int, int], int]:
     """Per (rank, step): host path time during which the rank's GPU was running an op. The CPU
     chain set the step's length there, but the GPU was busy too: a faster host alone cannot
     recover that time, the GPU would still have its queued work to run."""
     by = ["rank", "step"]
-    w = win.rename({"win_start_ns": "lo", "win_end_ns": "hi"})
-    ops = graph.nodes.filter(pl.col("is_gpu")).select(
-        "rank", pl.col("ts_ns").alias(iv.START), pl.col("end_ns").alias(iv.END))
-    gpu = iv.clip(ops, w, on=["rank"], window_cols=["step"], start="lo", end="hi")
-    host = pl.DataFrame(
-        [(s.rank, s.step, s.start_ns, s.end_ns) for p in paths.values() for s in p if s.wall == "host"],
-        schema={"rank": pl.Int64, "step": pl.Int64, iv.START: pl.Int64, iv.END: pl.Int64},
-        orient="row",
-    ).with_columns(pl.col("rank").cast(gpu.schema["rank"]), pl.col("step").cast(gpu.schema["step"]))
+    if clipped is None:
+        clipped = _gpu_clipped(graph, win)
+    gpu = clipped.drop("wall")
+    host = _interval_frame(cols, cols.wall == list(wall_names).index("host"), gpu)
     return {(r, st): n for r, st, n in iv.total(iv.intersect(host, gpu, by=by), by=by).iter_rows()}
+
+
+def _analyze(trace: Trace, steps: pl.DataFrame | None, graph: TimelineGraph | None,
+             ranks: Sequence[int] | None) -> tuple[list[dict], _Cols, tuple[str | None, ...]]:
+    """`analyze` with each path as columns (`_Path`), plus all steps' segments concatenated."""
+    win = step_windows(trace, steps)
+    if ranks is not None:
+        win = win.filter(pl.col("rank").is_in(list(ranks)))
+    if graph is None:
+        lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
+        window = (int(lo), int(hi)) if lo is not None else None
+        graph = build_graph(trace, window=window, rank=None)
+    views: dict[int, _RankView] = {}
+    paths: list[_Path] = []
+    arrays = _walk_arrays(graph) if win.height else None
+    names = arrays.wall_names if arrays is not None else _WALL_NAMES
+    rows = win.rows()
+    for rank, step, lo, hi in rows:
+        if rank not in views:
+            views[rank] = _view(graph, rank, arrays)
+        paths.append(_path(views[rank], rank, step, lo, hi))
+    cols = _concat(paths)
+    clipped = _gpu_clipped(graph, win)
+    comm = _comm_split(graph, win, cols, clipped)
+    busy = _host_while_gpu_busy(graph, win, cols, names, clipped)
+    res = [{"rank": rank, "step": step, "start_ns": lo, "end_ns": hi, "path": p,
+            "walls": _path_walls(p, names), "comm": comm[(rank, step)],
+            "host_gpu_busy": busy.get((rank, step), 0)}
+           for (rank, step, lo, hi), p in zip(rows, paths, strict=True)]
+    return res, cols, names
 
 
 def analyze(
@@ -378,30 +614,12 @@ def analyze(
     ranks: Sequence[int] | None = None,
 ) -> list[dict]:
     """Per (rank, step): the path, its wall split and the communication split."""
-    win = step_windows(trace, steps)
-    if ranks is not None:
-        win = win.filter(pl.col("rank").is_in(list(ranks)))
-    if graph is None:
-        lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
-        window = (int(lo), int(hi)) if lo is not None else None
-        graph = build_graph(trace, window=window, rank=None)
-    views: dict[int, _RankView] = {}
-    paths: dict[tuple[int, int], list[Segment]] = {}
-    arrays = _walk_arrays(graph) if win.height else None
-    # the walks and the segment frames allocate millions of small objects and no cycles: a
-    # collection would scan them all, again and again
+    res, _, names = _analyze(trace, steps, graph, ranks)
+    # the segment tuples are many small objects and no cycles: no collection while making them
     with _no_gc():
-        for rank, step, lo, hi in win.iter_rows():
-            if rank not in views:
-                views[rank] = _view(graph, rank, arrays)
-            paths[(rank, step)] = critical_path(graph, rank=rank, step=step, start_ns=lo,
-                                                end_ns=hi, view=views[rank])
-        comm = _comm_split(graph, win, paths)
-        busy = _host_while_gpu_busy(graph, win, paths)
-    return [{"rank": rank, "step": step, "start_ns": lo, "end_ns": hi, "path": paths[(rank, step)],
-             "walls": _walls_of(paths[(rank, step)]), "comm": comm[(rank, step)],
-             "host_gpu_busy": busy.get((rank, step), 0)}
-            for rank, step, lo, hi in win.iter_rows()]
+        for r in res:
+            r["path"] = _segments(r["path"], names)
+    return res
 
 
 def critical_path_section(
@@ -418,7 +636,7 @@ def critical_path_section(
         win = step_windows(trace, steps)
         lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
         graph = build_graph(trace, window=(int(lo), int(hi)) if lo is not None else None)
-    res = analyze(trace, steps, graph=graph)
+    res, cols, wall_names = _analyze(trace, steps, graph, None)
     if not res:
         return {}
     meds = _median_steps(res)
@@ -428,9 +646,8 @@ def critical_path_section(
     # R(host): host path time with the GPU idle; the rest overlapped GPU work that stays
     recoverable = walls | {"host": walls["host"] - host_busy}
     comm = {k: _mean([r["comm"][k] for r in meds]) for k in meds[0]["comm"]}
-    every = [s for r in res for s in r["path"]]
-    segs = _longest(every, top)
-    edges = _longest([s for s in every if s.blocking], TOP_EDGES)
+    segs = _longest_cols(cols, np.ones(len(cols.start), dtype=bool), top, wall_names)
+    edges = _longest_cols(cols, cols.blocking, TOP_EDGES, wall_names)
     names = _names(trace, [x for s in (*segs, *edges) for x in (s.node, s.waiter, s.via)])
     cp = {
         "length_s": _s(t),
@@ -445,7 +662,7 @@ def critical_path_section(
         "per_step": [
             {"rank": r["rank"], "step": r["step"], "length_s": _s(r["end_ns"] - r["start_ns"]),
              "walls_s": {w: _s(r["walls"][w]) for w in (*WALLS, "other")},
-             "path_nodes": sum(1 for s in r["path"] if s.what == "op")}
+             "path_nodes": int(np.count_nonzero(r["path"].what == _OP))}
             for r in res
         ],
         "graph": {"nodes": graph.n_nodes, "edges": graph.edge_counts(),
@@ -464,6 +681,28 @@ def critical_path_section(
         ],
     }
     return {"critical_path": cp, "blocking": blocking}
+
+
+def _longest_cols(c: _Cols, mask: np.ndarray, k: int, wall_names: Sequence[str | None]
+                  ) -> list[Segment]:
+    """`_longest` over the masked segments of every step, in their order (ties by it): a
+    stable sort of the few at least as long as the k-th longest."""
+    idx = np.flatnonzero(mask)
+    if k <= 0 or not len(idx):
+        return []
+    dur = c.end[idx] - c.start[idx]
+    floor = np.partition(dur, len(dur) - k)[len(dur) - k] if len(dur) > k else dur.min()
+    cand = idx[dur >= floor]
+    d = c.end[cand] - c.start[cand]
+    top = cand[np.lexsort((c.start[cand], c.step[cand], c.rank[cand], -d), )[:k]]
+    out = []
+    for i in top.tolist():  # the path and row of segment i
+        p = int(np.searchsorted(c.offsets, i, side="right")) - 1
+        path = c.paths[p]
+        j = i - int(c.offsets[p])
+        one = _Path(path.rank, path.step, *(x[j:j + 1] for x in path[2:]))
+        out.extend(_segments(one, wall_names))
+    return out
 
 
 def _longest(segs: list[Segment], k: int) -> list[Segment]:

@@ -106,6 +106,12 @@ BLOCKED_RETURN_NS = 10_000
 # Shorter waits are within API overhead (async copy calls last 4–65 µs on gpu_mcore_hostbound).
 BLOCKED_MIN_NS = 10_000
 
+# The event columns building the graph reads (edges, nodes, collective groups).
+_GRAPH_COLUMNS = (
+    "node", "rank", "kind", "name", "ts_ns", "dur_ns", "pid", "tid", "device", "stream",
+    "correlation", "external_id", "wall", "rclass", "sync_kind", "wait_stream",
+    "wait_correlation",
+)
 NODE_COLUMNS = (
     "node", "rank", "kind", "name", "ts_ns", "end_ns", "pid", "tid", "device", "stream",
     "correlation", "wall", "is_gpu", "n_members",
@@ -177,6 +183,9 @@ class TimelineGraph:
 
 EDGE_KINDS_ARRAY = np.array(EDGE_KINDS, dtype=object)
 _KIND_CODE = {k: i for i, k in enumerate(EDGE_KINDS)}
+_START_RELEASE = np.array([_KIND_CODE[k] for k, v in RELEASE.items() if v == "start"], dtype=np.int8)
+_END_CONSTRAINT = np.array([_KIND_CODE[k] for k, v in CONSTRAINS.items() if v == "end"],
+                           dtype=np.int8)
 
 
 def build_graph(
@@ -205,7 +214,10 @@ def build_graph(
         wanted = [rank] if isinstance(rank, int) else list(rank)
         lf = lf.filter(pl.col("rank").is_in(wanted))
     kind = pl.col("kind")
-    lf = lf.filter(pl.col("ts_ns").is_not_null() & pl.col("dur_ns").is_not_null()).with_columns(
+    # Only GPU ops, runtime calls and sync rows become nodes or edge ends: the other rows (CPU
+    # ops, annotations: ~70 % of a PyTorch trace) are never copied.
+    lf = lf.filter(kind.is_in([*GPU_KINDS, "runtime", "sync"]) & pl.col("ts_ns").is_not_null()
+                   & pl.col("dur_ns").is_not_null()).with_columns(
         end_ns=pl.col("ts_ns") + pl.col("dur_ns").clip(lower_bound=0),
         is_gpu=kind.is_in(list(GPU_KINDS)),
     )
@@ -220,6 +232,11 @@ def build_graph(
         # one filter keeps the rows in node order: no concatenated copy to sort (that doubled
         # the peak memory of the pass)
         lf = lf.filter(inside | pl.col("node").is_in(extra.implode()))
+    if "wall" in ev.columns or not {"copy_kind", "bytes", "sync_kind"} <= set(ev.columns):
+        # only the columns the edges and nodes read (wall_of needs the classifier's inputs only
+        # when the wall is missing): every frame cut from the rows below copies what it keeps
+        lf = lf.select([c for c in (*_GRAPH_COLUMNS, "end_ns", "is_gpu") if c in ev.columns
+                        or c in ("end_ns", "is_gpu")])
     ev = lf.collect()
     # per-row columns once the rows are chosen (a window is often a small part of the trace)
     ev = ev.with_columns(wall=wall_of(ev))
@@ -283,14 +300,50 @@ def build_graph(
             end_ns=pl.max_horizontal("end_ns", "run_end_ns")
         ).drop("run_end_ns")
     nodes = nodes.with_columns(pl.col("kind")).select(NODE_COLUMNS).sort("node")
-    edges = _drop_time_inconsistent(edges, nodes, unlinked)
-    loops = edges.filter(pl.col("src") == pl.col("dst")).height
-    if loops:
-        unlinked["self_loops"] = loops
-    # One edge per (src, dst), the last written wins (as repeated add_edge would); built in bulk.
-    edges = edges.filter(pl.col("src") != pl.col("dst")).unique(
-        ["src", "dst"], keep="last", maintain_order=True)
-    return _arrays(nodes, members, edges, window, unlinked, aggregated)
+    return _checked_arrays(nodes, members, edges, window, unlinked, aggregated)
+
+
+def _checked_arrays(nodes: pl.DataFrame, members: pl.DataFrame, edges: pl.DataFrame,
+                    window: tuple[int, int] | None, unlinked: dict[str, int], aggregated: bool
+                    ) -> TimelineGraph:
+    """`_drop_time_inconsistent`, the self loops, one edge per (src, dst) (the last written wins,
+    as repeated add_edge would) and `_arrays`, on arrays by node position: the same edges in the
+    same order, without joining ~1 M edges to the nodes twice."""
+    ids = nodes.get_column("node").to_numpy().astype(np.int64)
+    n = len(ids)
+    e_src = edges.get_column("src").to_numpy().astype(np.int64)
+    e_dst = edges.get_column("dst").to_numpy().astype(np.int64)
+    kind = edges.get_column("kind").replace_strict(_KIND_CODE, return_dtype=pl.Int8).to_numpy()
+    via = edges.get_column("via").fill_null(-1).to_numpy().astype(np.int64)
+    src = np.searchsorted(ids, e_src)
+    dst = np.searchsorted(ids, e_dst)
+    if len(e_src):
+        # the inner join on node ids: an edge whose end is not a node drops out
+        ok = (src < n) & (dst < n)
+        ok[ok] &= (ids[src[ok]] == e_src[ok]) & (ids[dst[ok]] == e_dst[ok])
+        idx = np.flatnonzero(ok)
+        s, d, k = src[idx], dst[idx], kind[idx]
+        ts = nodes.get_column("ts_ns").to_numpy()
+        en = nodes.get_column("end_ns").to_numpy()
+        release = np.where(np.isin(k, _START_RELEASE), ts[s], en[s])
+        constraint = np.where(np.isin(k, _END_CONSTRAINT), en[d], ts[d])
+        tol = np.where(k == _KIND_CODE["sync"], SYNC_TOLERANCE_NS, TOLERANCE_NS)
+        # collective edges compare aligned clocks; their time check happened in matching.
+        good = (release <= constraint + tol) | (k == _KIND_CODE["collective"])
+        unlinked["time_inconsistent"] = int(len(good) - np.count_nonzero(good))
+        idx = idx[good]
+        src, dst, kind, via = src[idx], dst[idx], kind[idx], via[idx]
+    loops = src == dst
+    if loops.any():
+        unlinked["self_loops"] = int(np.count_nonzero(loops))
+        src, dst, kind, via = src[~loops], dst[~loops], kind[~loops], via[~loops]
+    if len(src):
+        key = src * max(n, 1) + dst
+        _, first_from_end = np.unique(key[::-1], return_index=True)
+        last = np.sort(len(key) - 1 - first_from_end)
+        if len(last) < len(key):
+            src, dst, kind, via = src[last], dst[last], kind[last], via[last]
+    return _graph_arrays(nodes, members, ids, src, dst, kind, via, window, unlinked, aggregated)
 
 
 def _arrays(nodes: pl.DataFrame, members: pl.DataFrame, edges: pl.DataFrame,
@@ -302,8 +355,17 @@ def _arrays(nodes: pl.DataFrame, members: pl.DataFrame, edges: pl.DataFrame,
     dst = np.searchsorted(ids, edges.get_column("dst").to_numpy())
     kind = edges.get_column("kind").replace_strict(_KIND_CODE, return_dtype=pl.Int8).to_numpy()
     via = edges.get_column("via").fill_null(-1).to_numpy().astype(np.int64)
+    return _graph_arrays(nodes, members, ids, src, dst, kind, via, window, unlinked, aggregated)
+
+
+def _graph_arrays(nodes: pl.DataFrame, members: pl.DataFrame, ids: np.ndarray, src: np.ndarray,
+                  dst: np.ndarray, kind: np.ndarray, via: np.ndarray,
+                  window: tuple[int, int] | None, unlinked: dict[str, int], aggregated: bool
+                  ) -> TimelineGraph:
+    """`_arrays` from edge arrays (positions of distinct (src, dst) pairs)."""
     keep = _break_cycles(ids, src, dst, nodes, unlinked,
-                         maybe_cyclic=_cycle_span(nodes, edges))
+                         maybe_cyclic=_cycle_span_arrays(ids, nodes.get_column("ts_ns").to_numpy(),
+                                                         src, dst))
     if keep is not None:
         src, dst, kind, via = src[keep], dst[keep], kind[keep], via[keep]
     in_edge = np.argsort(dst, kind="stable")  # stable: a node's in-edges keep insertion order
@@ -363,34 +425,41 @@ def _chain(rows: pl.DataFrame, by: list[str], k: str) -> pl.DataFrame:
     """Edges between consecutive rows (by ts, then id) within each group."""
     if rows.height == 0:
         return _empty_edges()
-    s = rows.sort([*by, "ts_ns", "node"]).select(
-        *by, "node", nxt=pl.col("node").shift(-1).over(by))
+    # only the keys sorted (not every column of the rows); the next row is in the same group
+    # when its keys are equal (nulls equal, as `over` groups them)
+    s = rows.select(*by, "ts_ns", "node").sort([*by, "ts_ns", "node"])
+    same = pl.all_horizontal([pl.col(c).eq_missing(pl.col(c).shift(-1)) for c in by])
+    s = s.select(*by, "node", nxt=pl.when(same).then(pl.col("node").shift(-1)))
     return _edges(s, "node", "nxt", k)
 
 
 def _last_op_before(
-    queries: pl.DataFrame, gpu: pl.DataFrame, *, stream_col: str, corr_col: str
+    queries: pl.DataFrame, gpu: pl.DataFrame, *, stream_col: str, corr_col: str,
+    cache: dict[bool, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """For each query row, the GPU op on (rank, stream_col) launched last with correlation
     < corr_col (the op that ends latest among ops sharing that correlation). Adds `waited`."""
-    return _op_by_correlation(queries, gpu, stream_col=stream_col, corr_col=corr_col, after=False)
+    return _op_by_correlation(queries, gpu, stream_col=stream_col, corr_col=corr_col, after=False,
+                              cache=cache)
 
 
 def _first_op_after(
-    queries: pl.DataFrame, gpu: pl.DataFrame, *, stream_col: str, corr_col: str
+    queries: pl.DataFrame, gpu: pl.DataFrame, *, stream_col: str, corr_col: str,
+    cache: dict[bool, pl.DataFrame] | None = None,
 ) -> pl.DataFrame:
     """For each query row, the first GPU op launched on (rank, stream_col) with correlation
     > corr_col (the earliest-starting one among ops sharing it). Adds `waiter`."""
-    return _op_by_correlation(queries, gpu, stream_col=stream_col, corr_col=corr_col, after=True)
+    return _op_by_correlation(queries, gpu, stream_col=stream_col, corr_col=corr_col, after=True,
+                              cache=cache)
 
 
-def _op_by_correlation(
-    queries: pl.DataFrame, gpu: pl.DataFrame, *, stream_col: str, corr_col: str, after: bool
-) -> pl.DataFrame:
-    """The nearest launch on the same (rank, stream) strictly before (`waited`) or after
-    (`waiter`) each query's correlation; a graph replay's ops share one correlation, so the
-    representative is the latest-ending op (before) or the earliest-starting one (after)."""
-    out_col, time_col, shift = ("waiter", "ts_ns", 1) if after else ("waited", "end_ns", -1)
+def _ops_by_correlation(gpu: pl.DataFrame, after: bool, cache: dict[bool, pl.DataFrame] | None
+                        ) -> pl.DataFrame:
+    """Per (rank, stream, correlation) the representative op (`waiter`: earliest-starting,
+    `waited`: latest-ending), sorted by correlation; kept in `cache` by direction."""
+    if cache is not None and after in cache:
+        return cache[after]
+    out_col, time_col = ("waiter", "ts_ns") if after else ("waited", "end_ns")
     pick = pl.col("node").first() if after else pl.col("node").last()
     ops = (
         gpu.filter(pl.col("correlation").is_not_null() & pl.col("stream").is_not_null())
@@ -399,11 +468,26 @@ def _op_by_correlation(
         .agg(pick.alias(out_col))
         .sort("correlation")
     )
+    if cache is not None:
+        cache[after] = ops
+    return ops
+
+
+def _op_by_correlation(
+    queries: pl.DataFrame, gpu: pl.DataFrame, *, stream_col: str, corr_col: str, after: bool,
+    cache: dict[bool, pl.DataFrame] | None = None,
+) -> pl.DataFrame:
+    """The nearest launch on the same (rank, stream) strictly before (`waited`) or after
+    (`waiter`) each query's correlation; a graph replay's ops share one correlation, so the
+    representative is the latest-ending op (before) or the earliest-starting one (after)."""
+    out_col, shift = ("waiter", 1) if after else ("waited", -1)
     q = queries.with_columns(
         pl.col(stream_col).cast(pl.Int64).alias("_stream"),
         (pl.col(corr_col).cast(pl.Int64) + shift).alias("_corr"),
     ).filter(pl.col("_stream").is_not_null() & pl.col("_corr").is_not_null())
-    if q.height == 0 or ops.height == 0:
+    # the ops index sorts every GPU op: built only when a query needs it, once per direction
+    ops = _ops_by_correlation(gpu, after, cache) if q.height else None
+    if ops is None or ops.height == 0:
         return q.with_columns(pl.lit(None, dtype=pl.Int64).alias(out_col)).drop("_stream", "_corr")
     out = q.sort("_corr").join_asof(
         ops.rename({"stream": "_stream", "correlation": "_corr"}),
@@ -434,20 +518,21 @@ def _sync_edges(
         sk.is_in(["stream_wait_event", "event_sync"]) & pl.col("wait_correlation").is_null()
     ).height
 
+    ops: dict[bool, pl.DataFrame] = {}  # the GPU ops index, shared by the five look-ups
     stream_sync = _last_op_before(s.filter(sk == "stream_sync"), gpu,
-                                  stream_col="stream", corr_col="correlation")
+                                  stream_col="stream", corr_col="correlation", cache=ops)
     known_event = (sk == "event_sync") & pl.col("wait_stream").is_not_null()
     event_sync = _last_op_before(s.filter(known_event), gpu,
-                                 stream_col="wait_stream", corr_col="record_corr")
+                                 stream_col="wait_stream", corr_col="record_corr", cache=ops)
     # Context sync, and event syncs whose event nobody resolved (nsys without CUDA_EVENT rows,
     # Kineto without the record's stream): every stream of the device is a candidate ...
     ctx = s.filter((sk == "context_sync") | ((sk == "event_sync") & ~known_event))
-    streams = gpu.select("rank", "device", pl.col("stream").alias("_s")).unique().drop_nulls()
+    streams = gpu.select("rank", "device", pl.col("stream").alias("_s")).unique(maintain_order=True).drop_nulls()
     ctx_q = ctx.join(streams, on="rank", how="inner", suffix="_gpu").filter(
         pl.col("device").is_null() | pl.col("device_gpu").is_null()
         | (pl.col("device") == pl.col("device_gpu"))
     )
-    ctx_sync = _last_op_before(ctx_q, gpu, stream_col="_s", corr_col="correlation")
+    ctx_sync = _last_op_before(ctx_q, gpu, stream_col="_s", corr_col="correlation", cache=ops)
     # ... but a stream whose last op was still running when the call returned was not waited on.
     ends = gpu.select(pl.col("node").alias("waited"), pl.col("end_ns").alias("_w_end"))
     ctx_sync = ctx_sync.join(ends, on="waited", how="left").filter(
@@ -467,8 +552,8 @@ def _sync_edges(
     sync = _edges(host_syncs, "waited", "target", "sync", via="node")
 
     sw = s.filter(sk == "stream_wait_event")
-    rec = _last_op_before(sw, gpu, stream_col="wait_stream", corr_col="record_corr")
-    both = _first_op_after(rec, gpu, stream_col="stream", corr_col="correlation")
+    rec = _last_op_before(sw, gpu, stream_col="wait_stream", corr_col="record_corr", cache=ops)
+    both = _first_op_after(rec, gpu, stream_col="stream", corr_col="correlation", cache=ops)
     unlinked["event_wait_no_recorded_op"] = sw.height - rec.drop_nulls("waited").height
     unlinked["event_wait_no_waiter"] = (
         rec.drop_nulls("waited").height - both.drop_nulls(["waited", "waiter"]).height)
@@ -669,18 +754,24 @@ def _aggregate(
     gpu: pl.DataFrame, stream: pl.DataFrame, launch: pl.DataFrame, touched: pl.Series
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.Series]:
     by = ["rank", "device", "stream"]
+    # Rows sorted by stream: the previous row is in the same stream when its keys are equal
+    # (nulls equal, as `over` groups them), so shifts need no window over the groups.
+    same = pl.all_horizontal([pl.col(c).eq_missing(pl.col(c).shift(1)) for c in by])
+    prev = lambda c: pl.when(same).then(pl.col(c).shift(1))  # noqa: E731
     s = gpu.sort([*by, "ts_ns", "node"]).with_columns(
         small=(pl.col("kind") == "kernel")
         & (pl.col("dur_ns") < SMALL_KERNEL_NS)
         & (pl.col("wall") != "communication")  # collectives stay matchable one by one
         & ~pl.col("node").is_in(touched.implode()),
-        gap=pl.col("ts_ns") - pl.col("end_ns").shift(1).over(by),
-        prev_wall=pl.col("wall").shift(1).over(by),
+        gap=pl.col("ts_ns") - prev("end_ns"),
+        prev_wall=prev("wall"),
     )
-    s = s.with_columns(prev_small=pl.col("small").shift(1).over(by).fill_null(False))
+    s = s.with_columns(prev_small=prev("small").fill_null(False))
     joins = (pl.col("small") & pl.col("prev_small") & (pl.col("gap") < RUN_GAP_NS)
              & (pl.col("wall") == pl.col("prev_wall")))
-    s = s.with_columns(run=(~joins).cum_sum().over(by))
+    # a stream's first row never joins, so one running count over all streams cuts each stream
+    # into the same runs as counting within it
+    s = s.with_columns(run=(~joins).cum_sum())
     s = s.with_columns(rep=pl.col("node").first().over([*by, "run"]))
     members = s.filter(pl.col("node") != pl.col("rep")).select(
         pl.col("node").alias("event_id"), pl.col("rep").alias("node"))
@@ -752,6 +843,22 @@ def _cycle_span(nodes: pl.DataFrame, edges: pl.DataFrame) -> list[int]:
         return []
     lo, hi = back["pv"].min(), back["pu"].max()
     return pos.slice(lo, hi - lo + 1).get_column("node").to_list()
+
+
+def _cycle_span_arrays(ids: np.ndarray, ts: np.ndarray, src: np.ndarray, dst: np.ndarray
+                       ) -> list[int]:
+    """`_cycle_span` on arrays (ids ascending, ts by position, edges as positions)."""
+    if not len(src):
+        return []
+    order = np.lexsort((ids, ts))  # (ts, id) order
+    at = np.empty(len(ids), dtype=np.int64)
+    at[order] = np.arange(len(ids), dtype=np.int64)
+    pu, pv = at[src], at[dst]
+    back = pv < pu
+    if not back.any():
+        return []
+    lo, hi = int(pv[back].min()), int(pu[back].max())
+    return ids[order[lo:hi + 1]].tolist()
 
 
 def _acyclic(succ: dict, nodes: list[int]) -> bool:

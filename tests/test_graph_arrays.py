@@ -222,3 +222,75 @@ def test_compiled_cycle_check_equals_the_python_one(case) -> None:
     np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
     ours = graph_mod._acyclic_c(ptr, np.ascontiguousarray(dst[np.argsort(src, kind="stable")]))
     assert ours == graph_mod._acyclic(succ, list(range(n)))
+
+
+def _segments_reference(g, a, view, rank: int, step: int, lo: int, hi: int) -> list:
+    """The segments as `critical_path` built them one record at a time before the columns
+    (`cp._path`): the reference the column build must equal."""
+    from moetune.analyzer.critical_path import (
+        _GAP_WHAT,
+        GAP_WALL,
+        LAUNCH_LATENCY_NS,
+        Segment,
+        _mark_blocking,
+        _WallOf,
+    )
+
+    gpu = view.gpu_in(lo, hi)
+    if gpu.height == 0:
+        return [Segment(rank, step, lo, hi, "host", "step_tail", None)]
+    sink = int(gpu.with_columns(ce=pl.min_horizontal("end_ns", pl.lit(hi))).sort(
+        "ce", "ts_ns", "node").get_column("pos")[-1])
+    records, last_hi, cut = _walk_py(a, sink, rank, lo, hi)
+    ids, wall = a.ids, a.wall
+    out = []
+    top = records[0][2] if records else min(int(a.en[sink]), hi)
+    if top < hi:
+        out.append(Segment(rank, step, top, hi, "host", "step_tail", None))
+    succ = None
+    for v, lo_v, hi_v, best, best_rel, bk, bv in records:
+        waiter, edge, via = succ if succ is not None else (None, None, None)
+        node = ids[v]
+        out.append(Segment(rank, step, lo_v, hi_v, wall[v], "op", node, False, waiter, edge, via))
+        if best < 0:
+            if lo_v > lo:
+                out.append(Segment(rank, step, lo, lo_v, "host" if wall[v] == "host" else "other",
+                                   "step_start", None))
+            break
+        kind, via_id = EDGE_KINDS[bk], (None if bv < 0 else bv)
+        gap_lo = max(best_rel, lo)
+        if gap_lo < lo_v:
+            gw, what = GAP_WALL[kind], _GAP_WHAT[kind]
+            if kind == "launch" and via_id is None and lo_v - gap_lo > LAUNCH_LATENCY_NS:
+                gw, what = "other", "unexplained_gap"
+            out.append(Segment(rank, step, gap_lo, lo_v, gw, what, node))
+        succ = (node, kind, via_id)
+    if cut and last_hi > lo:
+        out.append(Segment(rank, step, lo, last_hi, "other", "step_start", None))
+    out.reverse()
+    return _mark_blocking([s for s in out if s.end_ns > s.start_ns], _WallOf(ids, wall))
+
+
+@settings(max_examples=300, deadline=None)
+@given(dags(), st.integers(0, 60), st.integers(60, 160))
+def test_walk_into_and_the_column_path_equal_the_record_walk(tl, lo: int, hi: int) -> None:
+    """`walk_into` writes the records `walk` returns; the path built as columns (`_path`, the
+    segments of `critical_path`) equals the one built record by record, blocking marks too."""
+    nodes, edges = tl
+    nodes = nodes.with_columns(is_gpu=pl.col("wall") != "host")
+    g = _arrays(nodes, pl.DataFrame(), edges, None, {}, False)
+    a = _walk_arrays(g)
+    if cp._walk_into_c is not None:
+        args = (a.ts, a.en, a.rank, a.in_ptr, a.in_src, a.in_kind, a.in_via)
+        for sink in range(g.n_nodes):
+            out = np.empty((g.n_nodes, 7), dtype=np.int64)
+            count, last_hi, cut = cp._walk_into_c(*args, sink, 0, lo, hi, out)
+            records, hi_w, cut_w = cp._walk_c(*args, sink, 0, lo, hi)
+            assert (out[:count].tolist(), last_hi, cut) == ([list(r) for r in records], hi_w,
+                                                            cut_w)
+    for rank in (0, 1):
+        view = _view(g, rank, a)
+        want = _segments_reference(g, a, view, rank, 7, lo, hi)
+        for compiled in (True, False):
+            assert critical_path(g, rank=rank, step=7, start_ns=lo, end_ns=hi, view=view,
+                                 compiled=compiled) == want
