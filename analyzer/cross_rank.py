@@ -625,7 +625,12 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
             f"{o['rank']} ({o['ratio']:.2f}× group mean, {o['basis']})" for o in ep["overloaded"]))
     cp = c["critical_path"]
     if "ranks" in cp:
-        lines.append(f"  median step {cp['step']} crosses ranks {cp['ranks'][:8]}"
-                     + (" …" if len(cp["ranks"]) > 8 else "") + f" ({cp['granularity']})")
+        detail = {"critical_path": "each rank's stretch from its full trace",
+                  "mixed": "some ranks' stretches from their full traces",
+                  "collective": "at collective granularity"}.get(cp["granularity"],
+                                                                  cp["granularity"])
+        lines.append(f"  median step {cp['step']} crosses ranks "
+                     + ", ".join(map(str, cp["ranks"][:8]))
+                     + (" …" if len(cp["ranks"]) > 8 else "") + f" ({detail})")
     return lines
 
