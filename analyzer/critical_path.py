@@ -42,8 +42,6 @@ reasons while comm ran, or comm at the step's end that nothing waited on).
 
 from __future__ import annotations
 
-import bisect
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -399,7 +397,7 @@ def _path(view: _RankView, rank: int, step: int, start_ns: int, end_ns: int,
 def _blocking(wall: np.ndarray, what: np.ndarray, node: np.ndarray, waiter: np.ndarray,
               edge: np.ndarray, waiter_wall: np.ndarray) -> np.ndarray:
     """Comm ops on the path whose successor entered through a dependency edge, walking back so
-    a comm op feeding a blocking comm op is blocking too (`_mark_blocking` on columns)."""
+    a comm op feeding a blocking comm op is blocking too."""
     out = np.zeros(len(wall), dtype=bool)
     cand = np.flatnonzero((what == _OP) & (wall == _W_COMM) & (waiter >= 0)
                           & np.isin(edge, _DEP_CODES))
@@ -437,45 +435,8 @@ def critical_path(graph: TimelineGraph, *, rank: int, step: int, start_ns: int,
                      view.arrays.wall_names)
 
 
-class _WallOf:
-    """Wall by node id over the position lists (bisect: the blocking marks need a few)."""
-
-    def __init__(self, ids: list[int], wall: list[str]) -> None:
-        self.ids, self.wall = ids, wall
-
-    def get(self, node: int | None) -> str | None:
-        if node is None:
-            return None
-        i = bisect.bisect_left(self.ids, node)
-        return self.wall[i] if i < len(self.ids) and self.ids[i] == node else None
-
-
-def _mark_blocking(path: list[Segment], wall: _WallOf) -> list[Segment]:
-    """Comm ops on the path whose successor entered through a dependency edge, walking back so
-    a comm op feeding a blocking comm op is blocking too."""
-    out = list(path)
-    blocking_nodes: set[int] = set()
-    for i in range(len(out) - 1, -1, -1):
-        s = out[i]
-        if s.what != "op" or s.node is None or s.wall != "communication":  # an op's own wall
-            continue
-        if s.edge in DEP_KINDS and s.waiter is not None and (
-            wall.get(s.waiter) != "communication" or s.waiter in blocking_nodes
-        ):
-            blocking_nodes.add(s.node)
-            out[i] = s._replace(blocking=True)
-    return out
-
-
-def _walls_of(path: Sequence[Segment]) -> dict[str, int]:
-    by = dict.fromkeys((*WALLS, "other"), 0)
-    for s in path:
-        by[s.wall] += s.dur_ns
-    return by
-
-
 def _path_walls(p: _Path, wall_names: Sequence[str | None]) -> dict[str, int]:
-    """`_walls_of` on columns: path time by wall."""
+    """Path time by wall."""
     by = dict.fromkeys((*WALLS, "other"), 0)
     dur = p.end - p.start
     for c in np.unique(p.wall).tolist():
@@ -685,8 +646,8 @@ def critical_path_section(
 
 def _longest_cols(c: _Cols, mask: np.ndarray, k: int, wall_names: Sequence[str | None]
                   ) -> list[Segment]:
-    """`_longest` over the masked segments of every step, in their order (ties by it): a
-    stable sort of the few at least as long as the k-th longest."""
+    """The k longest of the masked segments of every step, sorted by (−duration, rank, step,
+    start), ties in their order: a stable sort of the few at least as long as the k-th."""
     idx = np.flatnonzero(mask)
     if k <= 0 or not len(idx):
         return []
@@ -703,17 +664,6 @@ def _longest_cols(c: _Cols, mask: np.ndarray, k: int, wall_names: Sequence[str |
         one = _Path(path.rank, path.step, *(x[j:j + 1] for x in path[2:]))
         out.extend(_segments(one, wall_names))
     return out
-
-
-def _longest(segs: list[Segment], k: int) -> list[Segment]:
-    """sorted(segs, key=(−duration, rank, step, start))[:k] (ties by input order), sorting only
-    the segments at least as long as the k-th longest: the rest cannot be among the first k."""
-    if k <= 0 or not segs:
-        return []
-    durs = [s.end_ns - s.start_ns for s in segs]
-    floor = heapq.nlargest(k, durs)[-1]  # comparisons of plain ints, no key function
-    cand = [s for s, d in zip(segs, durs, strict=True) if d >= floor]
-    return sorted(cand, key=lambda s: (s.start_ns - s.end_ns, s.rank, s.step, s.start_ns))[:k]
 
 
 def _median_steps(res: list[dict]) -> list[dict]:

@@ -306,9 +306,9 @@ def build_graph(
 def _checked_arrays(nodes: pl.DataFrame, members: pl.DataFrame, edges: pl.DataFrame,
                     window: tuple[int, int] | None, unlinked: dict[str, int], aggregated: bool
                     ) -> TimelineGraph:
-    """`_drop_time_inconsistent`, the self loops, one edge per (src, dst) (the last written wins,
-    as repeated add_edge would) and `_arrays`, on arrays by node position: the same edges in the
-    same order, without joining ~1 M edges to the nodes twice."""
+    """Edges impossible in time (`release_constraint` beyond `tolerance_ns`) and self loops
+    dropped, one edge per (src, dst) kept (the last written wins, as repeated add_edge would),
+    on arrays by node position: no join of ~1 M edges to the nodes."""
     ids = nodes.get_column("node").to_numpy().astype(np.int64)
     n = len(ids)
     e_src = edges.get_column("src").to_numpy().astype(np.int64)
@@ -346,23 +346,11 @@ def _checked_arrays(nodes: pl.DataFrame, members: pl.DataFrame, edges: pl.DataFr
     return _graph_arrays(nodes, members, ids, src, dst, kind, via, window, unlinked, aggregated)
 
 
-def _arrays(nodes: pl.DataFrame, members: pl.DataFrame, edges: pl.DataFrame,
-            window: tuple[int, int] | None, unlinked: dict[str, int], aggregated: bool
-            ) -> TimelineGraph:
-    """The graph's arrays from its node frame and distinct (src, dst) edges, cycles broken."""
-    ids = nodes.get_column("node").to_numpy().astype(np.int64)
-    src = np.searchsorted(ids, edges.get_column("src").to_numpy())
-    dst = np.searchsorted(ids, edges.get_column("dst").to_numpy())
-    kind = edges.get_column("kind").replace_strict(_KIND_CODE, return_dtype=pl.Int8).to_numpy()
-    via = edges.get_column("via").fill_null(-1).to_numpy().astype(np.int64)
-    return _graph_arrays(nodes, members, ids, src, dst, kind, via, window, unlinked, aggregated)
-
-
 def _graph_arrays(nodes: pl.DataFrame, members: pl.DataFrame, ids: np.ndarray, src: np.ndarray,
                   dst: np.ndarray, kind: np.ndarray, via: np.ndarray,
                   window: tuple[int, int] | None, unlinked: dict[str, int], aggregated: bool
                   ) -> TimelineGraph:
-    """`_arrays` from edge arrays (positions of distinct (src, dst) pairs)."""
+    """The graph from edge arrays (positions of distinct (src, dst) pairs), cycles broken."""
     keep = _break_cycles(ids, src, dst, nodes, unlinked,
                          maybe_cyclic=_cycle_span_arrays(ids, nodes.get_column("ts_ns").to_numpy(),
                                                          src, dst))
@@ -813,41 +801,12 @@ def tolerance_ns(kind: pl.Expr) -> pl.Expr:
     return pl.when(kind == "sync").then(pl.lit(SYNC_TOLERANCE_NS)).otherwise(pl.lit(TOLERANCE_NS))
 
 
-def _drop_time_inconsistent(
-    edges: pl.DataFrame, nodes: pl.DataFrame, unlinked: dict[str, int]
-) -> pl.DataFrame:
-    if edges.height == 0:
-        return edges
-    e = release_constraint(edges, nodes)
-    # collective edges compare aligned clocks; their time check happened in matching.
-    ok = (pl.col("release_ns") <= pl.col("constraint_ns") + tolerance_ns(pl.col("kind"))) | (
-        pl.col("kind") == "collective")
-    bad = e.filter(~ok)
-    unlinked["time_inconsistent"] = bad.height
-    return e.filter(ok).select("src", "dst", "kind", "via")
-
-
-def _cycle_span(nodes: pl.DataFrame, edges: pl.DataFrame) -> list[int]:
-    """The nodes any cycle of the graph lies within. Order nodes by (ts, id): a cycle's latest
-    node leaves it by a backward edge and its earliest is entered by one, so every cycle sits
-    between the earliest target and the latest source of a backward edge. Real timelines have
-    none or a few (sync edges within clock tolerance): usually nothing, or part of the graph."""
-    pos = nodes.select("node", "ts_ns").sort("ts_ns", "node").with_row_index("pos")
-    back = (
-        edges.select("src", "dst")
-        .join(pos.select(src="node", pu="pos"), on="src")
-        .join(pos.select(dst="node", pv="pos"), on="dst")
-        .filter(pl.col("pv") < pl.col("pu"))
-    )
-    if back.height == 0:
-        return []
-    lo, hi = back["pv"].min(), back["pu"].max()
-    return pos.slice(lo, hi - lo + 1).get_column("node").to_list()
-
-
 def _cycle_span_arrays(ids: np.ndarray, ts: np.ndarray, src: np.ndarray, dst: np.ndarray
                        ) -> list[int]:
-    """`_cycle_span` on arrays (ids ascending, ts by position, edges as positions)."""
+    """The node ids any cycle lies within (ids ascending, ts by position, edges as positions).
+    Order nodes by (ts, id): a cycle's latest node leaves it by a backward edge and its earliest
+    is entered by one, so every cycle sits between the earliest target and the latest source of
+    a backward edge. Real timelines have none or a few (sync edges within clock tolerance)."""
     if not len(src):
         return []
     order = np.lexsort((ids, ts))  # (ts, id) order
@@ -886,7 +845,7 @@ def _acyclic(succ: dict, nodes: list[int]) -> bool:
 def _break_cycles(ids: np.ndarray, src: np.ndarray, dst: np.ndarray, nodes: pl.DataFrame,
                   unlinked: dict[str, int], maybe_cyclic: list[int]) -> np.ndarray | None:
     """Make the graph acyclic: inside each strongly connected component keep only edges that go
-    forward in (ts, id) order. `maybe_cyclic` (see `_cycle_span`): the node ids any cycle lies
+    forward in (ts, id) order. `maybe_cyclic` (see `_cycle_span_arrays`): the node ids any cycle lies
     within, so only their subgraph is checked (an SCC of two or more nodes is a union of cycles,
     so it lies there too). Returns the mask of edges kept, None when all are."""
     unlinked.setdefault("cycle_edges_dropped", 0)

@@ -22,12 +22,24 @@ from moetune.analyzer.critical_path import (
     critical_path,
     step_windows,
 )
-from moetune.analyzer.graph import EDGE_KINDS, _arrays, _scc, build_graph
+from moetune.analyzer.graph import _KIND_CODE, EDGE_KINDS, _graph_arrays, _scc, build_graph
 from moetune.analyzer.readers import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "fixtures" / "traces"
 CORPUS = ROOT.parent / "shared" / "corpus" / "public"
+
+
+def _arrays(nodes: pl.DataFrame, members: pl.DataFrame, edges: pl.DataFrame,
+            window: tuple[int, int] | None, unlinked: dict[str, int], aggregated: bool):
+    """The graph of a node frame and distinct (src, dst) edges as they are (no time check),
+    cycles broken: what `build_graph` makes of edges that passed its checks."""
+    ids = nodes.get_column("node").to_numpy().astype(np.int64)
+    src = np.searchsorted(ids, edges.get_column("src").to_numpy())
+    dst = np.searchsorted(ids, edges.get_column("dst").to_numpy())
+    kind = edges.get_column("kind").replace_strict(_KIND_CODE, return_dtype=pl.Int8).to_numpy()
+    via = edges.get_column("via").fill_null(-1).to_numpy().astype(np.int64)
+    return _graph_arrays(nodes, members, ids, src, dst, kind, via, window, unlinked, aggregated)
 
 
 def _real(name: str):
@@ -202,7 +214,15 @@ def test_start_up_imports_neither_networkx_nor_jsonschema_for_the_graph() -> Non
 def test_longest_segments_equal_a_full_sort(rows, k: int) -> None:
     segs = [cp.Segment(r, st_, s, s + d, "host", "op", i) for i, (r, st_, s, d) in enumerate(rows)]
     key = lambda s: (s.start_ns - s.end_ns, s.rank, s.step, s.start_ns)  # noqa: E731
-    assert cp._longest(segs, k) == sorted(segs, key=key)[:k]
+    if not segs:  # no path at all
+        return
+    one = np.ones(1, dtype=np.int64)
+    paths = [cp._Path(s.rank, s.step, one * s.start_ns, one * s.end_ns, one.astype(np.int8) * 0,
+                      one.astype(np.int8) * cp._WHAT_NAMES.index("op"), one * s.node, -one,
+                      -one.astype(np.int8), -one, np.zeros(1, dtype=bool)) for s in segs]
+    cols = cp._concat(paths)
+    got = cp._longest_cols(cols, np.ones(len(segs), dtype=bool), k, ["host"])
+    assert got == sorted(segs, key=key)[:k]
 
 
 @settings(max_examples=400, deadline=None)
@@ -227,14 +247,7 @@ def test_compiled_cycle_check_equals_the_python_one(case) -> None:
 def _segments_reference(g, a, view, rank: int, step: int, lo: int, hi: int) -> list:
     """The segments as `critical_path` built them one record at a time before the columns
     (`cp._path`): the reference the column build must equal."""
-    from moetune.analyzer.critical_path import (
-        _GAP_WHAT,
-        GAP_WALL,
-        LAUNCH_LATENCY_NS,
-        Segment,
-        _mark_blocking,
-        _WallOf,
-    )
+    from moetune.analyzer.critical_path import _GAP_WHAT, GAP_WALL, LAUNCH_LATENCY_NS, Segment
 
     gpu = view.gpu_in(lo, hi)
     if gpu.height == 0:
@@ -268,7 +281,25 @@ def _segments_reference(g, a, view, rank: int, step: int, lo: int, hi: int) -> l
     if cut and last_hi > lo:
         out.append(Segment(rank, step, lo, last_hi, "other", "step_start", None))
     out.reverse()
-    return _mark_blocking([s for s in out if s.end_ns > s.start_ns], _WallOf(ids, wall))
+    return _mark_blocking([s for s in out if s.end_ns > s.start_ns], dict(zip(ids, wall,
+                                                                                strict=True)))
+
+
+def _mark_blocking(path: list, wall: dict) -> list:
+    """Comm ops on the path whose successor entered through a dependency edge, walking back so
+    a comm op feeding a blocking comm op is blocking too (the reference for `cp._blocking`)."""
+    out = list(path)
+    blocking_nodes: set[int] = set()
+    for i in range(len(out) - 1, -1, -1):
+        s = out[i]
+        if s.what != "op" or s.node is None or s.wall != "communication":  # an op's own wall
+            continue
+        if s.edge in cp.DEP_KINDS and s.waiter is not None and (
+            wall.get(s.waiter) != "communication" or s.waiter in blocking_nodes
+        ):
+            blocking_nodes.add(s.node)
+            out[i] = s._replace(blocking=True)
+    return out
 
 
 @settings(max_examples=300, deadline=None)

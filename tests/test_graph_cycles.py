@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import networkx as nx
+import numpy as np
 import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from moetune.analyzer.graph import _acyclic, _cycle_span
+from moetune.analyzer.graph import _acyclic, _cycle_span_arrays
+
+
+def _cycle_span(nodes: pl.DataFrame, edges: pl.DataFrame) -> list[int]:
+    """`_cycle_span_arrays` of node and edge frames (node ids 0..n-1, so ids are positions)."""
+    ids = nodes.get_column("node").to_numpy().astype(np.int64)
+    return _cycle_span_arrays(ids, nodes.get_column("ts_ns").to_numpy(),
+                              edges.get_column("src").to_numpy().astype(np.int64),
+                              edges.get_column("dst").to_numpy().astype(np.int64))
 
 
 @st.composite
