@@ -630,6 +630,24 @@ def summary_lines(result: MapResult) -> list[str]:
             f"{result.seconds:,.1f} s · cache {result.cache_dir}"]
 
 
+def map_reduce(paths: Sequence[str | Path], opts: ScaleOptions, contract: Any = None, *,
+               stream: TextIO | None = None) -> tuple[MapResult, int, dict[str, Any]]:
+    """Every rank summarised (the map, over the contract's steady window unless a flag gives
+    one) and reduced: the map's result, the typical rank (`representative_rank`, whose full
+    trace stands for the run in the per-step views) and `{"cross_rank": …, "ranks": …}`."""
+    from moetune.progress import progress
+
+    result = summarize_ranks(paths, contract_window(opts, contract), stream=stream)
+    s = result.summaries
+    if s.steps.height == 0:
+        raise UserError(f"no rank of the {len(result.files)} files has a complete step",
+                        path=Path(paths[0]) if len(paths) == 1 else None)
+    with progress(f"reducing {s.meta.height} ranks", enabled=opts.progress, stream=stream):
+        cross = cross_rank_section(result)
+    cross["ranks"] = ranks_section(s, cross)
+    return result, representative_rank(s), cross
+
+
 def diagnose_many(paths: Sequence[str | Path], opts: ScaleOptions, contract: Any = None, *,
                   audit: bool = False, extra_sections: Sequence[Any] = (),
                   stream: TextIO | None = None) -> tuple[Any, MapResult]:
@@ -641,22 +659,16 @@ def diagnose_many(paths: Sequence[str | Path], opts: ScaleOptions, contract: Any
 
     from moetune.analysis import analyze
     from moetune.analyzer.diagnose import normalize
-
-    opts = contract_window(opts, contract)
-    result = summarize_ranks(paths, opts, stream=stream)
-    s = result.summaries
-    if s.steps.height == 0:
-        raise UserError(f"no rank of the {len(result.files)} files has a complete step",
-                        path=Path(paths[0]) if len(paths) == 1 else None)
-    rep = representative_rank(s)
-    rep_file = result.rank_file[rep]
     from moetune.progress import progress
 
-    with progress(f"analysing rank {rep} ({rep_file.name}) and reducing {s.meta.height} ranks",
-                  enabled=opts.progress, stream=stream):
+    result, rep, cross = map_reduce(paths, opts, contract, stream=stream)
+    opts = contract_window(opts, contract)
+    s = result.summaries
+    rep_file = result.rank_file[rep]
+    with progress(f"analysing rank {rep} ({rep_file.name})", enabled=opts.progress,
+                  stream=stream):
         an = analyze([rep_file], contract, window=opts.window, step_range=opts.step_range,
                      audit=audit, extra_sections=extra_sections)
-        cross = cross_rank_section(result)
     doc = dict(an.diagnosis or {})
     doc["inputs"] = _inputs(result)
     doc["ranks_analyzed"] = sorted(set(s.steps.get_column("rank").to_list()))
@@ -666,7 +678,6 @@ def diagnose_many(paths: Sequence[str | Path], opts: ScaleOptions, contract: Any
                        f"of rank {rep} ({rep_file.name}, the median rank by step time); "
                        f"cross_rank covers all {n}"]
     doc.update(cross)
-    doc["ranks"] = ranks_section(s, cross)
     return dc_replace(an, files=tuple(result.files), diagnosis=normalize(doc)), result
 
 

@@ -35,7 +35,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from moetune import report
-    from moetune.errors import UserError
 
     report.plotly_modules()  # the missing extra is said before minutes of reading
     paths, notes = list(args.paths), []
@@ -44,17 +43,12 @@ def run(args: argparse.Namespace) -> int:
     if scale.wanted(paths, opts):
         # Many ranks: every rank summarised (the map); the page's per-step views come from the
         # full trace of one typical rank, its cross-rank view from every rank's summary.
-        mapped = scale.summarize_ranks(paths, scale.contract_window(opts, args.contract))
-        s = mapped.summaries
-        if s.steps.height == 0:
-            raise UserError(f"no rank of the {len(mapped.files)} files has a complete step")
-        rep = scale.representative_rank(s)
+        mapped, rep, cross = scale.map_reduce(paths, opts, args.contract)
         paths = [mapped.rank_file[rep]]
-        cross = scale.cross_rank_section(mapped)
-        cross["ranks"] = scale.ranks_section(s, cross)
         notes = [*scale.summary_lines(mapped), *mapped.warnings,
                  f"the page's steps, timeline and kernels are of rank {rep} ({paths[0].name}, the "
-                 f"median rank by step time); its cross-rank view covers all {s.meta.height}"]
+                 f"median rank by step time); its cross-rank view covers all "
+                 f"{mapped.summaries.meta.height}"]
     data = report.collect(paths, args.contract, ledger=args.ledger, baseline=args.baseline,
                           window=args.window, step_range=args.step_range,
                           allow_mixed_runs=args.allow_mixed_runs)
