@@ -407,7 +407,7 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
         # quieter configuration's small wins look like noise)
         noise = opts.policy.min_gain
         base_confirm: dict[str, Any] | None = None
-        stopped = f"{opts.budget} candidates validated (--budget)"
+        stopped: str | None = None  # why the loop ended, when not the candidate budget
         try:
             while spent < opts.budget:
                 recs: list[Recommendation] = []
@@ -476,7 +476,7 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                         progressed = True
                         break  # new baseline: profile and recommend again
                 if not progressed:
-                    if stopped.endswith("(--budget)") and spent < opts.budget:
+                    if stopped is None and spent < opts.budget:
                         stopped = "no candidate of the round was accepted"
                     break
                 rnd += 1
@@ -488,7 +488,7 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                 "decisions": led.decisions(sid), "final_command": list(base.argv),
                 "final_env": dict(base.env), "runs_executed": runner.executed,
                 "runs_reused": runner.reused, "run_time_s": run_time_s(led.runs(sid)),
-                "stopped": stopped}
+                "stopped": stopped or f"{opts.budget} candidates validated (--budget)"}
 
 
 def run_time_s(runs: Sequence[Mapping[str, Any]]) -> float:
