@@ -642,8 +642,8 @@ def _rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, rank:
     logits = 0.0
     if last:
         # final-norm output + logits, vocab split by TP [TMU: 4·sbh + 4·sbV]. Unfused vocab-parallel
-        # cross entropy saves the fp32 softmax (4V) and at the start of backward its fp32
-        # gradient (4V) and the bf16 gradient for the output layer (2V) coexist: 10V. One
+        # cross entropy turns its fp32 copy of the logits into the softmax and then the gradient
+        # in place, beside the bf16 logits (forward) or the bf16 gradient (backward): 6V. One
         # micro-batch (the last stage runs its backward at once), plus one per MTP depth.
         per_vocab = (cfg.cross_entropy_per_vocab_fused if w.cross_entropy_fusion
                      else cfg.cross_entropy_per_vocab_unfused)
