@@ -117,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"top recommendation from non-optimal points: {len(tops)}; measured wins "
           f"{sum(1 for t in tops if (t['measured'] or 0) > 0.02)}, unmeasured "
           f"{sum(1 for t in tops if t['measured'] is None)}")
+    # the change `tune` tries (and accepts when it wins) first from each start
+    judged_tops = [t for t in tops if t["measured"] is not None]
+    print(f"top recommendations judged: {len(judged_tops)}; in predicted range "
+          f"{sum(t['in_range'] for t in judged_tops)}, within ±25 % of the midpoint "
+          f"{sum(t['within_25'] for t in judged_tops)}")
     mems = [r["memory_gib"]["error"] for row in rows for r in row["recommendations"]
             if r.get("memory_gib")]
     if mems:

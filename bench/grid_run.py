@@ -17,6 +17,7 @@ that can come back are trimmed to one step on the device).
 Here:
 
     python bench/grid_run.py report DIR...   # DIRs: device outputs -> bench/grid/, fixtures
+    python bench/grid_run.py repeats FILE... # later calls' `@rep` runs -> grid_h200.json
 """
 
 from __future__ import annotations
@@ -295,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     rp = sub.add_parser("report")
     rp.add_argument("dirs", nargs="+", type=Path)
     sub.add_parser("table", help="print the README tables from bench/grid/grid_h200.json")
+    mp = sub.add_parser("repeats", help="merge `@rep` runs (device calls' grid.jsonl, kept under "
+                                         "bench/grid/repeats/) into bench/grid/grid_h200.json")
+    mp.add_argument("files", nargs="+", type=Path)
     a = ap.parse_args(argv)
     if a.cmd == "run" and not set(a.shapes) <= set(gs.SHAPES):
         ap.error(f"shapes are {sorted(gs.SHAPES)}")
@@ -303,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "table":
         print(tables(), end="")
         return 0
+    if a.cmd == "repeats":
+        return merge_repeats(a.files)
     a.out.mkdir(parents=True, exist_ok=True)
     run_grid(a)
     return 0
@@ -500,6 +506,54 @@ def report(dirs: list[Path]) -> int:
     (GRID / "grid_h200.json").write_text(json.dumps(doc, indent=1) + "\n")
     fixtures(doc, files)
     print(GRID / "grid_h200.json")
+    return 0
+
+
+def merge_repeats(files: list[Path], path: Path = GRID / "grid_h200.json") -> int:
+    """Fold later calls' `@rep` runs into the recorded grid: each point's `runs_step_ms` gains
+    them, its step time becomes the median again, and everything read off step times (speed-ups,
+    best point, greedy path, the fixtures' truth.json) follows. A file already merged (by name,
+    `repeat_files`) is refused, so no run counts twice."""
+    doc = json.loads(path.read_text())
+    done = doc.setdefault("repeat_files", [])
+    for f in files:
+        if f.name in done:
+            raise SystemExit(f"{f}: already merged into {path.name}")
+    for f in files:
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            base, sep, _ = r["id"].partition("__rep")
+            if not sep or r.get("status") != "ok" or not r.get("step_ms"):
+                continue
+            row = next(p for p in doc["shapes"][r["shape"]]["points"] if p["id"] == base)
+            row["runs_step_ms"] = [*(row.get("runs_step_ms") or [row["step_ms"]]), r["step_ms"]]
+            row["step_ms"] = round(statistics.median(row["runs_step_ms"]), 2)
+        done.append(f.name)
+    for shape, sd in doc["shapes"].items():
+        pts = {p["id"]: p for p in sd["points"]}
+        base = pts[sd["start"]]["step_ms"]
+        for p in sd["points"]:
+            p["speedup_vs_start"] = round(base / p["step_ms"], 2) if p.get("step_ms") else None
+        ok = [p for p in sd["points"] if p["status"] == "ok"]
+        best = min(ok, key=lambda p: p["step_ms"])
+        recs = {(shape, p["id"]): p for p in sd["points"]}
+        path_, complete = greedy_path(shape, recs)
+        sd.update(start_step_ms=base, best=best["id"], best_step_ms=best["step_ms"],
+                  best_speedup=round(base / best["step_ms"], 2), greedy_path=path_,
+                  greedy_end_neighbours_all_measured=complete)
+        sd["points"].sort(key=lambda p: (p["status"] != "ok", p.get("step_ms") or 1e9))
+        for p in sd["points"]:
+            tf = FIXTURES / f"grid_{shape}_{p['id']}" / "truth.json"
+            if not tf.is_file():
+                continue
+            t = json.loads(tf.read_text())
+            t["measured"].update(step_ms=p["step_ms"], speedup_vs_start=p["speedup_vs_start"],
+                                 runs_step_ms=p["runs_step_ms"])
+            t["shape_best"].update(id=sd["best"], step_ms=sd["best_step_ms"])
+            t["shape_start"]["step_ms"] = base
+            tf.write_text(json.dumps(t, indent=1) + "\n")
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(path)
     return 0
 
 
