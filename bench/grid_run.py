@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -424,6 +425,35 @@ def fmt(v: Any, nd: int = 1) -> str:
     return "" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
 
 
+def point_row(r: dict[str, Any], base: float | None, f: dict[str, Any]) -> dict[str, Any]:
+    """One point of grid_h200.json from its run record (`f`: its trace and log, if any)."""
+    row = {
+        "id": r["id"], "knobs": r["knobs"], "changed_vs_start": gs.changed(gs.START, r["knobs"]),
+        "why": r.get("why"), "status": r["status"], "oom": r["status"] == "oom",
+        "step_ms": r.get("step_ms"),
+        "runs_step_ms": r.get("runs_step_ms"),
+        "speedup_vs_start": round(base / r["step_ms"], 2) if base and r.get("step_ms")
+        else None,
+        "steady_iter_ms": [r["iter_ms"][i - 1] for i in gs.STEADY]
+        if r.get("iter_ms") and len(r["iter_ms"]) >= max(gs.STEADY) else None,
+        "iter_ms": r.get("iter_ms"),
+        "max_alloc_gib": r.get("max_alloc_gib"),
+        "max_reserved_gib": r.get("max_reserved_gib"),
+        "wall_s": r.get("wall_s"), "rc": r.get("rc"), "loss_last": r.get("loss_last"),
+        "cudaGraphLaunch_rows": r.get("cudaGraphLaunch_rows"),
+        "kernel_rows": r.get("kernel_rows"), "error": r.get("error"),
+        "cmd": r.get("cmd"), "device_call": r["device_call"],
+        "trace": None if not f.get("trace") else
+        ("5-iteration re-run (iterations 4-5 profiled)" if f.get("rerun") else
+         "this run (iterations 11-12 profiled)"),
+    }
+    for k in ("oom_tried_gib", "oom_free_gib", "oom_in_use_gib", "oom_alloc_gib",
+              "oom_reserved_unalloc_gib"):
+        if k in r:
+            row[k] = r[k]
+    return row
+
+
 def report(dirs: list[Path]) -> int:
     recs, probes, files = load(dirs)
     refuse_here(recs)
@@ -464,32 +494,7 @@ def report(dirs: list[Path]) -> int:
         rows = []
         for pid, r in sorted(pts.items(), key=lambda kv: (kv[1]["status"] != "ok",
                                                           kv[1].get("step_ms") or 1e9)):
-            f = files.get((shape, pid), {})
-            row = {
-                "id": pid, "knobs": r["knobs"], "changed_vs_start": gs.changed(gs.START, r["knobs"]),
-                "why": r.get("why"), "status": r["status"], "oom": r["status"] == "oom",
-                "step_ms": r.get("step_ms"),
-                "runs_step_ms": r.get("runs_step_ms"),
-                "speedup_vs_start": round(base / r["step_ms"], 2) if base and r.get("step_ms")
-                else None,
-                "steady_iter_ms": [r["iter_ms"][i - 1] for i in gs.STEADY]
-                if r.get("iter_ms") and len(r["iter_ms"]) >= max(gs.STEADY) else None,
-                "iter_ms": r.get("iter_ms"),
-                "max_alloc_gib": r.get("max_alloc_gib"),
-                "max_reserved_gib": r.get("max_reserved_gib"),
-                "wall_s": r.get("wall_s"), "rc": r.get("rc"), "loss_last": r.get("loss_last"),
-                "cudaGraphLaunch_rows": r.get("cudaGraphLaunch_rows"),
-                "kernel_rows": r.get("kernel_rows"), "error": r.get("error"),
-                "cmd": r.get("cmd"), "device_call": r["device_call"],
-                "trace": None if not f.get("trace") else
-                ("5-iteration re-run (iterations 4-5 profiled)" if f.get("rerun") else
-                 "this run (iterations 11-12 profiled)"),
-            }
-            for k in ("oom_tried_gib", "oom_free_gib", "oom_in_use_gib", "oom_alloc_gib",
-                      "oom_reserved_unalloc_gib"):
-                if k in r:
-                    row[k] = r[k]
-            rows.append(row)
+            rows.append(point_row(r, base, files.get((shape, pid), {})))
         doc["shapes"][shape] = {
             "desc": gs.SHAPES[shape]["desc"], "flags": gs.SHAPES[shape]["flags"],
             "start": gs.point_id(gs.START), "start_step_ms": base,
@@ -510,22 +515,41 @@ def report(dirs: list[Path]) -> int:
 
 
 def merge_repeats(files: list[Path], path: Path = GRID / "grid_h200.json") -> int:
-    """Fold later calls' `@rep` runs into the recorded grid: each point's `runs_step_ms` gains
-    them, its step time becomes the median again, and everything read off step times (speed-ups,
-    best point, greedy path, the fixtures' truth.json) follows. A file already merged (by name,
-    `repeat_files`) is refused, so no run counts twice."""
+    """Fold later calls into the recorded grid: a point not measured before becomes a row (and,
+    with its trace, a fixture); an `@rep` run joins its point's `runs_step_ms`, whose median is
+    the step time again; everything read off step times (speed-ups, best point, greedy path, the
+    fixtures' truth.json) follows. A file already merged (by name, `repeat_files`) is refused, so
+    no run counts twice. A call's `FILE_logs.tar.gz` and `FILE_traces*.tar` lie beside it."""
     doc = json.loads(path.read_text())
     done = doc.setdefault("repeat_files", [])
     for f in files:
         if f.name in done:
             raise SystemExit(f"{f}: already merged into {path.name}")
+    new: dict[tuple[str, str], dict[str, Any]] = {}
+    work = Path(tempfile.mkdtemp(prefix="grid-merge-"))
     for f in files:
-        for line in f.read_text().splitlines():
-            r = json.loads(line)
+        # the call's logs and traces (bench/gpu/grid.sh's tars beside its grid.jsonl)
+        for tar in sorted(f.parent.glob(f"{f.stem}_logs.tar.gz")) + \
+                sorted(f.parent.glob(f"{f.stem}_traces*.tar")):
+            with tarfile.open(tar) as t:
+                t.extractall(work / f.stem, filter="data")
+        recs = [json.loads(line) for line in f.read_text().splitlines()]
+        for r in sorted(recs, key=lambda r: "__rep" in r["id"]):  # a new point before its repeats
             base, sep, _ = r["id"].partition("__rep")
+            points = doc["shapes"][r["shape"]]["points"]
+            old = next((p for p in points if p["id"] == base), None)
+            if not sep and r.get("status") != "skipped" and \
+                    (old is None or old["status"] == "skipped"):  # a point not measured before
+                folder = work / f.stem / r["shape"] / r["id"]
+                tr = folder / "rank0.pt.trace.json.gz"
+                fl = {"trace": tr, "log": folder / "train.log"} if tr.exists() else {}
+                row = point_row({**r, "device_call": f.stem}, None, fl)
+                points[:] = [p for p in points if p["id"] != base] + [row]
+                new[(r["shape"], base)] = fl
+                continue
             if not sep or r.get("status") != "ok" or not r.get("step_ms"):
                 continue
-            row = next(p for p in doc["shapes"][r["shape"]]["points"] if p["id"] == base)
+            row = next(p for p in points if p["id"] == base)
             row["runs_step_ms"] = [*(row.get("runs_step_ms") or [row["step_ms"]]), r["step_ms"]]
             row["step_ms"] = round(statistics.median(row["runs_step_ms"]), 2)
         done.append(f.name)
@@ -538,11 +562,16 @@ def merge_repeats(files: list[Path], path: Path = GRID / "grid_h200.json") -> in
         best = min(ok, key=lambda p: p["step_ms"])
         recs = {(shape, p["id"]): p for p in sd["points"]}
         path_, complete = greedy_path(shape, recs)
+        label(shape, recs, path_)
         sd.update(start_step_ms=base, best=best["id"], best_step_ms=best["step_ms"],
                   best_speedup=round(base / best["step_ms"], 2), greedy_path=path_,
-                  greedy_end_neighbours_all_measured=complete)
+                  greedy_end_neighbours_all_measured=complete,
+                  grid_gpu_wall_s=round(sum(p.get("wall_s") or 0 for p in sd["points"]), 1))
         sd["points"].sort(key=lambda p: (p["status"] != "ok", p.get("step_ms") or 1e9))
+        sd["skipped"] = sorted(p["id"] for p in sd["points"] if p["status"] == "skipped")
         for p in sd["points"]:
+            if new.get((shape, p["id"])):
+                write_fixture(shape, sd, p, new[(shape, p["id"])])
             tf = FIXTURES / f"grid_{shape}_{p['id']}" / "truth.json"
             if not tf.is_file():
                 continue
@@ -552,6 +581,7 @@ def merge_repeats(files: list[Path], path: Path = GRID / "grid_h200.json") -> in
             t["shape_best"].update(id=sd["best"], step_ms=sd["best_step_ms"])
             t["shape_start"]["step_ms"] = base
             tf.write_text(json.dumps(t, indent=1) + "\n")
+    shutil.rmtree(work)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(path)
     return 0
@@ -625,42 +655,47 @@ def fixtures(doc: dict[str, Any], files: dict) -> None:
             keep.mkdir(parents=True, exist_ok=True)
             shutil.copy(f["trace"], keep / f["trace"].name)
             shutil.copy(f["log"], keep / "train.log")
-            if row["status"] != "ok" or (row["id"] == sd["best"] and sd["grid_complete"]):
-                continue
-            out = FIXTURES / f"grid_{shape}_{row['id']}"
-            out.mkdir(parents=True, exist_ok=True)
-            step = 4 if f.get("rerun") else gs.PROFILE_END - 1   # the last profiled step
-            if f.get("trimmed"):
-                shutil.copy(f["trace"], out / "trace.json.gz")
-            else:
-                trim_one(f["trace"], out / "trace.json.gz", step)
-            shutil.copy(f["log"], out / "train.log")
-            truth = {
-                "case": f"grid_{shape}_{row['id']}",
-                "shape": shape, "shape_desc": sd["desc"],
-                "knobs": row["knobs"], "changed_vs_start": row["changed_vs_start"],
-                "claimed": {"micro_batch_size": row["knobs"]["mbs"],
-                            "moe_grouped_gemm": row["knobs"]["grouped"],
-                            "recompute_granularity": None if row["knobs"]["recompute"] == "none"
-                            else row["knobs"]["recompute"],
-                            "moe_token_dispatcher_type": row["knobs"]["dispatcher"],
-                            "cuda_graph_impl": "none" if row["knobs"]["graphs"] == "eager"
-                            else "local"},
-                "grouped_gemm": row["knobs"]["grouped"],  # torch._grouped_mm experts when true
-                "cuda_graph_replay": bool(row.get("cudaGraphLaunch_rows")),
-                "measured": {k: row[k] for k in ("step_ms", "speedup_vs_start", "steady_iter_ms",
-                                                 "max_alloc_gib", "max_reserved_gib", "wall_s")},
-                "shape_best": {"id": sd["best"], "step_ms": sd["best_step_ms"],
-                               "grid_complete": sd["grid_complete"]},
-                "shape_start": {"id": sd["start"], "step_ms": sd["start_step_ms"]},
-                "trace_step": f"ProfilerStep#{step}",
-                "trace_from": row["trace"], "log": "train.log: the run the trace is from",
-                "cmd": row["cmd"],
-                **({"trace_cmd": f["rerun_record"]["cmd"]} if f.get("rerun") else {}),
-                "setting": "bench/grid/README.md (H200 grid, megatron-core 0.19.2 local spec, "
-                           "no TE, bf16, one GPU)",
-            }
-            (out / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
+            write_fixture(shape, sd, row, f)
+
+
+def write_fixture(shape: str, sd: dict[str, Any], row: dict[str, Any], f: dict[str, Any]) -> None:
+    """fixtures/traces/grid_SHAPE_ID/ of one point (not for failed runs or a proven best)."""
+    if row["status"] != "ok" or (row["id"] == sd["best"] and sd["grid_complete"]):
+        return
+    out = FIXTURES / f"grid_{shape}_{row['id']}"
+    out.mkdir(parents=True, exist_ok=True)
+    step = 4 if f.get("rerun") else gs.PROFILE_END - 1   # the last profiled step
+    if f.get("trimmed"):
+        shutil.copy(f["trace"], out / "trace.json.gz")
+    else:
+        trim_one(f["trace"], out / "trace.json.gz", step)
+    shutil.copy(f["log"], out / "train.log")
+    truth = {
+        "case": f"grid_{shape}_{row['id']}",
+        "shape": shape, "shape_desc": sd["desc"],
+        "knobs": row["knobs"], "changed_vs_start": row["changed_vs_start"],
+        "claimed": {"micro_batch_size": row["knobs"]["mbs"],
+                    "moe_grouped_gemm": row["knobs"]["grouped"],
+                    "recompute_granularity": None if row["knobs"]["recompute"] == "none"
+                    else row["knobs"]["recompute"],
+                    "moe_token_dispatcher_type": row["knobs"]["dispatcher"],
+                    "cuda_graph_impl": "none" if row["knobs"]["graphs"] == "eager"
+                    else "local"},
+        "grouped_gemm": row["knobs"]["grouped"],  # torch._grouped_mm experts when true
+        "cuda_graph_replay": bool(row.get("cudaGraphLaunch_rows")),
+        "measured": {k: row[k] for k in ("step_ms", "speedup_vs_start", "steady_iter_ms",
+                                         "max_alloc_gib", "max_reserved_gib", "wall_s")},
+        "shape_best": {"id": sd["best"], "step_ms": sd["best_step_ms"],
+                       "grid_complete": sd["grid_complete"]},
+        "shape_start": {"id": sd["start"], "step_ms": sd["start_step_ms"]},
+        "trace_step": f"ProfilerStep#{step}",
+        "trace_from": row["trace"], "log": "train.log: the run the trace is from",
+        "cmd": row["cmd"],
+        **({"trace_cmd": f["rerun_record"]["cmd"]} if f.get("rerun") else {}),
+        "setting": "bench/grid/README.md (H200 grid, megatron-core 0.19.2 local spec, "
+                   "no TE, bf16, one GPU)",
+    }
+    (out / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ def test_untouched_replay_reproduces_the_measured_step(case: str) -> None:
     ("host", "mbs1_seq_rcnone_a2a_eager", "grouped_gemm", "mbs1_grp_rcnone_a2a_eager", True),
     ("host", "mbs4_seq_rcfull_a2a_eager", "grouped_gemm", "mbs4_grp_rcfull_a2a_eager", True),
     ("mem", "mbs4_seq_rcnone_a2a_eager", "grouped_gemm", "mbs4_grp_rcnone_a2a_eager", True),
+    ("mem", "mbs2_seq_rcnone_a2a_eager", "grouped_gemm", "mbs2_grp_rcnone_a2a_eager", True),
     # MBS 1 → 8, 2 → 8 and 4 → 8 at GBS 8 with grouped GEMMs; MBS 2 → 4 on the memory-heavy shape
     ("host", "mbs1_grp_rcfull_a2a_eager", "micro_batch_x8", "mbs8_grp_rcfull_a2a_eager", True),
     ("host", "mbs1_grp_rcnone_a2a_eager", "micro_batch_x8", "mbs8_grp_rcnone_a2a_eager", True),
