@@ -19,6 +19,13 @@
  *   end when the loop stopped on its own condition, cut = 1 then (0 when it ended at a source).
  * walk_into(..., out) → (count, hi, cut): the same records written row by row to `out` (int64,
  *   room for 7 × n), which critical_path.py reads as a (count, 7) array.
+ *
+ * replay(ts, te, is_gpu, dur, gap, no_launch, pred_ptr, pred_src, pred_kind, start_ns, lat,
+ *   host_scale) → float: the what-if replay of one step (analyzer/whatif.py `_replay_py`, the
+ *   same loop and the same double arithmetic in the same order, so both give equal floats).
+ *   ts, te: int64 per episode position (topological order); is_gpu, no_launch: uint8; dur, gap:
+ *   float64; pred_ptr: int64, n + 1; pred_src: int64 earlier positions; pred_kind: int8 codes as
+ *   graph.EDGE_KINDS.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -227,10 +234,123 @@ done:
     return out;
 }
 
+/* replay(...) → the step's length (ns) when its graph runs with the edited durations and gaps
+ * (module doc; whatif.py `_replay_py` is the loop, commented). */
+static PyObject *replay(PyObject *self, PyObject *args) {
+    PyObject *o[9];
+    long long start_ns, lat;
+    double host_scale;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOLLd", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
+                          &o[7], &o[8], &start_ns, &lat, &host_scale))
+        return NULL;
+    static const Py_ssize_t size[9] = {8, 8, 1, 8, 8, 1, 8, 8, 1};
+    static const char *what[9] = {"ts", "te", "is_gpu", "dur", "gap", "no_launch", "pred_ptr",
+                                  "pred_src", "pred_kind"};
+    Py_buffer b[9];
+    int got = 0;
+    PyObject *out = NULL;
+    double *start = NULL, *end = NULL;
+    for (; got < 9; got++)
+        if (get_buf(o[got], &b[got], size[got], what[got]) < 0) goto done;
+    const int64_t *ts = b[0].buf, *te = b[1].buf, *ptr = b[6].buf, *src = b[7].buf;
+    const uint8_t *is_gpu = b[2].buf, *no_launch = b[5].buf;
+    const double *dur = b[3].buf, *gapf = b[4].buf;
+    const int8_t *kind = b[8].buf;
+    Py_ssize_t n = b[0].len / 8, m = b[7].len / 8;
+    if (b[1].len / 8 != n || b[2].len != n || b[3].len / 8 != n || b[4].len / 8 != n ||
+        b[5].len != n || b[6].len / 8 != n + 1 || b[8].len != m || ptr[0] != 0 || ptr[n] != m) {
+        PyErr_SetString(PyExc_ValueError, "replay: arrays of different lengths");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < m; j++)
+        if (kind[j] < 0 || kind[j] > 5) {
+            PyErr_SetString(PyExc_ValueError, "replay: edge kind out of range");
+            goto done;
+        }
+    start = malloc((n ? n : 1) * sizeof(double));
+    end = malloc((n ? n : 1) * sizeof(double));
+    if (!start || !end) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double longest = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const int64_t lo = ptr[i], hi = ptr[i + 1];
+        if (lo > hi || lo < 0 || hi > m) {
+            PyErr_SetString(PyExc_ValueError, "replay: pred_ptr not increasing");
+            goto done;
+        }
+        for (int64_t j = lo; j < hi; j++)
+            if (src[j] < 0 || src[j] >= i) {
+                PyErr_SetString(PyExc_ValueError, "replay: a predecessor not earlier in order");
+                goto done;
+            }
+        double ready = lo == hi ? (double)(ts[i] - start_ns) : 0.0;
+        if (is_gpu[i]) {
+            for (int64_t j = lo; j < hi; j++) {
+                const int64_t p = src[j];
+                double r;
+                if (kind[j] == K_LAUNCH) {
+                    if (no_launch[i]) continue;
+                    int64_t d = ts[i] - ts[p];
+                    if (d < 0) d = 0;
+                    if (d > lat) d = lat;
+                    r = start[p] + (double)d;
+                } else {
+                    r = end[p];
+                }
+                if (r > ready) ready = r;
+            }
+            start[i] = ready;
+            end[i] = ready + dur[i];
+        } else {
+            double waited = 0.0;
+            int64_t blocked_until = ts[i];
+            int64_t binding = -1, last = -1;
+            for (int64_t j = lo; j < hi; j++)
+                if (kind[j] == K_HOST && te[src[j]] > last) {
+                    binding = src[j];
+                    last = te[src[j]];
+                }
+            for (int64_t j = lo; j < hi; j++) {
+                const int64_t p = src[j];
+                if (kind[j] == K_SYNC) {
+                    if (end[p] > waited) waited = end[p];
+                    if (te[p] > blocked_until) blocked_until = te[p];
+                } else {
+                    double gap = 0.0;
+                    if (p == binding) {
+                        int64_t g = ts[i] - te[p];
+                        gap = (double)(g > 0 ? g : 0) * gapf[i] * host_scale;
+                    }
+                    if (end[p] + gap > ready) ready = end[p] + gap;
+                }
+            }
+            start[i] = ready;
+            const double own = dur[i] * host_scale;
+            if (blocked_until > ts[i]) {
+                int64_t t = te[i] - blocked_until, span = te[i] - ts[i];
+                const double tail = (double)(t > 0 ? t : 0) * (own / (double)(span > 1 ? span : 1));
+                end[i] = (ready > waited ? ready : waited) + tail;
+            } else {
+                end[i] = ready + own > waited ? ready + own : waited;
+            }
+        }
+        if (i == 0 || end[i] > longest) longest = end[i];
+    }
+    out = PyFloat_FromDouble(longest);
+done:
+    free(start);
+    free(end);
+    for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"acyclic", acyclic, METH_VARARGS, "Kahn's check over a CSR of successors (module doc)."},
     {"walk", walk, METH_VARARGS, "Critical-path walk of one step window (see the module doc)."},
     {"walk_into", walk_into, METH_VARARGS, "The walk, its records written to an int64 array."},
+    {"replay", replay, METH_VARARGS, "What-if replay of one step (see the module doc)."},
     {NULL, NULL, 0, NULL},
 };
 

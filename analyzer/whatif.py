@@ -37,6 +37,11 @@ from moetune.errors import UserError
 from moetune.resources import data, schema
 from moetune.yamlio import read_yaml
 
+try:  # the compiled replay (setup.py); `_replay_py` is the same loop in Python
+    from moetune.analyzer._graph_loops import replay as _replay_c
+except ImportError:  # pragma: no cover - built at install; a machine without a compiler
+    _replay_c = None
+
 WHATIF_PATH = data("moetune.analyzer", "whatif.yaml")
 KINDS = ("drop_recompute", "fold_micro_batches", "group_expert_gemms", "capture_launches")
 _US = 1_000
@@ -81,6 +86,9 @@ class Episode:
     recompute: np.ndarray  # re-runs forward work inside backward (kernels and launch calls)
     preds: list[list[tuple[int, str]]]  # per position: (pred position, edge kind)
     lat_typ: int           # typical launch latency of a launch-bound op
+    pred_ptr: np.ndarray   # the same predecessors as CSR arrays, for the compiled replay:
+    pred_src: np.ndarray   #   positions pred_src[pred_ptr[i]:pred_ptr[i + 1]] of position i,
+    pred_kind: np.ndarray  #   their kinds as int8 indices into graph.EDGE_KINDS
 
 
 def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: int,
@@ -123,10 +131,15 @@ def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: 
     at[order_pos] = np.arange(len(order_pos))
     in_ptr, in_edge = graph.in_ptr.tolist(), graph.in_edge
     e_at, e_kind = at[graph.src[in_edge]].tolist(), graph.kind[in_edge].tolist()
-    preds: list[list[tuple[int, str]]] = [
-        [(e_at[j], EDGE_KINDS[e_kind[j]]) for j in range(in_ptr[p], in_ptr[p + 1])
-         if e_at[j] >= 0]
-        for p in order_pos.tolist()]
+    kept_edges = [[j for j in range(in_ptr[p], in_ptr[p + 1]) if e_at[j] >= 0]
+                  for p in order_pos.tolist()]
+    preds: list[list[tuple[int, str]]] = [[(e_at[j], EDGE_KINDS[e_kind[j]]) for j in js]
+                                          for js in kept_edges]
+    pred_ptr = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum([len(js) for js in kept_edges], out=pred_ptr[1:])
+    flat = [j for js in kept_edges for j in js]
+    pred_src = np.array([e_at[j] for j in flat], dtype=np.int64)
+    pred_kind = np.array([e_kind[j] for j in flat], dtype=np.int8)
     ts = nodes["ts_ns"].to_numpy().astype(np.int64)
     te = nodes["end_ns"].to_numpy().astype(np.int64)
     lat = [ts[i] - ts[p] for i in range(len(order)) if is_gpu[i]
@@ -134,7 +147,7 @@ def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: 
            and not any(k2 == "stream" and te[p2] > ts[p] for p2, k2 in preds[i])]
     lat_typ = int(np.median(lat)) if lat else 5 * _US
     return Episode(start_ns, end_ns - start_ns, np.array(order), is_gpu, ts, te, kcls, names, opt,
-                   rec, preds, max(lat_typ, 1 * _US))
+                   rec, preds, max(lat_typ, 1 * _US), pred_ptr, pred_src, pred_kind)
 
 
 def _topo(graph: TimelineGraph, keep: np.ndarray) -> np.ndarray:
@@ -183,7 +196,18 @@ def untouched(ep: Episode) -> Edit:
 
 def replay(ep: Episode, edit: Edit, host_scale: float = 1.0) -> float:
     """The step's length (ns) when its graph runs with the edited durations and gaps; host call
-    durations and the CPU time between calls are further scaled by `host_scale`."""
+    durations and the CPU time between calls are further scaled by `host_scale`. Compiled
+    (`_graph_loops.replay`) where built, else `_replay_py`: the same loop, equal floats."""
+    if _replay_c is None:
+        return _replay_py(ep, edit, host_scale)
+    return _replay_c(ep.ts, ep.te, ep.is_gpu.astype(np.uint8), edit.dur.astype(np.float64),
+                     edit.gap.astype(np.float64), edit.no_launch.astype(np.uint8), ep.pred_ptr,
+                     ep.pred_src, ep.pred_kind, int(ep.start_ns), int(ep.lat_typ),
+                     float(host_scale))
+
+
+def _replay_py(ep: Episode, edit: Edit, host_scale: float = 1.0) -> float:
+    """`replay`'s loop in Python (the compiled one mirrors it, operation for operation)."""
     n = len(ep.ids)
     start = [0.0] * n
     end = [0.0] * n

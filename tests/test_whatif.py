@@ -210,3 +210,44 @@ def test_the_per_step_tail_does_not_fold() -> None:
     opt = ev.filter(pl.col("name").str.starts_with("Optimizer.step")
                     & (pl.col("ts_ns") >= s0) & (pl.col("ts_ns") < s1))["ts_ns"].min()
     assert opt is not None and end < opt  # the last backward ends before the optimizer starts
+
+
+def test_the_compiled_replay_equals_the_python_loop(monkeypatch) -> None:
+    """`_graph_loops.replay` mirrors `_replay_py` operation for operation: every replay of whole
+    diagnoses (each transform at both ends of its range, the host-scale bisection) gives the same
+    float from both."""
+    if whatif._replay_c is None:
+        pytest.skip("the compiled extension is not built")
+    pairs: list[tuple[float, float]] = []
+    compiled = whatif.replay
+
+    def both(ep, edit, host_scale=1.0):
+        pairs.append((compiled(ep, edit, host_scale), whatif._replay_py(ep, edit, host_scale)))
+        return pairs[-1][0]
+
+    monkeypatch.setattr(whatif, "replay", both)
+    for shape, point in (("host", "mbs1_seq_rcfull_a2a_eager"), ("host", "mbs8_grp_rcnone_a2a_eager"),
+                         ("mem", "mbs2_seq_rcnone_a2a_eager")):
+        folder = TRACES / f"grid_{shape}_{point}"
+        contract = contract_from_log((folder / "train.log").read_text())
+        contract.setdefault("versions", {})["grouped_gemm"] = "torch._grouped_mm"
+        step = {p["id"]: p for p in GRID["shapes"][shape]["points"]}[point]["step_ms"] / 1e3
+        assert analyze(folder / "trace.json.gz", contract, reference_step_s=step).diagnosis["whatif"]
+    assert len(pairs) > 30
+    assert all(c == p for c, p in pairs), [(c, p) for c, p in pairs if c != p][:3]
+
+
+def test_the_compiled_replay_refuses_inconsistent_arrays() -> None:
+    if whatif._replay_c is None:
+        pytest.skip("the compiled extension is not built")
+    import numpy as np
+
+    i64, one = np.zeros(2, dtype=np.int64), np.ones(2, dtype=np.uint8)
+    f64 = np.zeros(2)
+    ptr = np.array([0, 0, 1], dtype=np.int64)
+    with pytest.raises(ValueError, match="not earlier"):  # position 1 waits on itself
+        whatif._replay_c(i64, i64, one, f64, f64, one, ptr, np.array([1], dtype=np.int64),
+                         np.array([0], dtype=np.int8), 0, 1000, 1.0)
+    with pytest.raises(ValueError, match="different lengths"):
+        whatif._replay_c(i64, i64[:1], one, f64, f64, one, ptr, np.array([0], dtype=np.int64),
+                         np.array([0], dtype=np.int8), 0, 1000, 1.0)
