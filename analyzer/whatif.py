@@ -102,10 +102,11 @@ def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: 
     nodes = graph.nodes
     if nodes.height == 0 or not nodes["is_gpu"].any():
         return None
-    cls = events.select(pl.int_range(pl.len(), dtype=pl.Int64).alias("node"),
-                        pl.coalesce(pl.col("kclass").cast(pl.String),
-                                    pl.col("rclass").cast(pl.String)).fill_null("").alias("cls"))
-    nodes = nodes.join(cls, on="node", how="left")
+    # node ids are row numbers of `events`: the window's classes by gather, not a join over all
+    cls = events.select("kclass", "rclass")[nodes["node"].to_numpy()].select(
+        pl.coalesce(pl.col("kclass").cast(pl.String),
+                    pl.col("rclass").cast(pl.String)).fill_null("").alias("cls"))
+    nodes = nodes.with_columns(cls.to_series())
     # host calls inside the window only (launch calls of earlier steps were kept by the graph)
     nodes = nodes.filter(pl.col("is_gpu") | (pl.col("ts_ns") >= start_ns)
                          & (pl.col("ts_ns") < end_ns))
@@ -129,17 +130,23 @@ def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: 
         rec = np.array([c is not None and c in rc for c in corr], dtype=bool)
     at = np.full(graph.n_nodes, -1, dtype=np.int64)  # graph position → episode position
     at[order_pos] = np.arange(len(order_pos))
-    in_ptr, in_edge = graph.in_ptr.tolist(), graph.in_edge
-    e_at, e_kind = at[graph.src[in_edge]].tolist(), graph.kind[in_edge].tolist()
-    kept_edges = [[j for j in range(in_ptr[p], in_ptr[p + 1]) if e_at[j] >= 0]
-                  for p in order_pos.tolist()]
-    preds: list[list[tuple[int, str]]] = [[(e_at[j], EDGE_KINDS[e_kind[j]]) for j in js]
-                                          for js in kept_edges]
+    # in-edges of each kept node, in episode order, as CSR: the graph's in-edge ranges of the
+    # order's positions laid end to end, then those from outside the episode dropped
+    lo, hi = graph.in_ptr[order_pos], graph.in_ptr[order_pos + 1]
+    counts = hi - lo
+    owner = np.repeat(np.arange(len(order_pos)), counts)
+    j = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+    edge = graph.in_edge[j]
+    src_at = at[graph.src[edge]]
+    inside = src_at >= 0
+    pred_src = src_at[inside].astype(np.int64)
+    pred_kind = graph.kind[edge][inside].astype(np.int8)
     pred_ptr = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum([len(js) for js in kept_edges], out=pred_ptr[1:])
-    flat = [j for js in kept_edges for j in js]
-    pred_src = np.array([e_at[j] for j in flat], dtype=np.int64)
-    pred_kind = np.array([e_kind[j] for j in flat], dtype=np.int8)
+    np.cumsum(np.bincount(owner[inside], minlength=len(order)), out=pred_ptr[1:])
+    ptr_l, src_l, kind_l = pred_ptr.tolist(), pred_src.tolist(), pred_kind.tolist()
+    preds: list[list[tuple[int, str]]] = [
+        [(src_l[k], EDGE_KINDS[kind_l[k]]) for k in range(ptr_l[i], ptr_l[i + 1])]
+        for i in range(len(order))]
     ts = nodes["ts_ns"].to_numpy().astype(np.int64)
     te = nodes["end_ns"].to_numpy().astype(np.int64)
     lat = [ts[i] - ts[p] for i in range(len(order)) if is_gpu[i]
