@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from moetune.analyzer.contract import Contract, contract_from_doc, load_contract, thaw
 from moetune.errors import UserError
 
-ContractInput = str | Path | Mapping[str, Any] | Contract | None
+if TYPE_CHECKING:  # the contract module (yaml, the knob catalog) loads only when a contract is given
+    from moetune.analyzer.contract import Contract
+
+ContractInput: TypeAlias = "str | Path | Mapping[str, Any] | Contract | None"
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,11 @@ class Analysis:
     @property
     def contract_doc(self) -> dict[str, Any]:
         """The contract as plain data ({} without one), as the rules read it."""
-        return thaw(self.contract) if self.contract is not None else {}
+        if self.contract is None:
+            return {}
+        from moetune.analyzer.contract import thaw
+
+        return thaw(self.contract)
 
     def advise(self, rules: Mapping[str, Any] | None = None, *, options: Any = None,
                ) -> Advice:
@@ -83,7 +89,11 @@ class Advice:
 
 def read_contract(contract: ContractInput) -> Contract | None:
     """A validated contract from a file, a plain mapping (e.g. `contract from-log`'s) or as is."""
-    if contract is None or isinstance(contract, Contract):
+    if contract is None:
+        return None
+    from moetune.analyzer.contract import Contract, contract_from_doc, load_contract
+
+    if isinstance(contract, Contract):
         return contract
     if isinstance(contract, Mapping):
         return contract_from_doc(contract)
@@ -141,11 +151,14 @@ def analyze_trace(
 ) -> Analysis:
     """`analyze` for an already-read Trace (analyzer/frames.py)."""
     from moetune.analyzer import diagnose as diag
-    from moetune.analyzer.audit import AuditRun
 
     con = read_contract(contract)
     doc = _plain(con)
-    run = AuditRun(con, trace) if con is not None and audit else None
+    run = None
+    if con is not None and audit:
+        from moetune.analyzer.audit import AuditRun
+
+        run = AuditRun(con, trace)
     sections = [*diag.SECTIONS, *extra_sections] if full else list(extra_sections)
     classes = None
     if run is not None and run.todo and run.gpu_rows:
@@ -165,4 +178,6 @@ def analyze_trace(
 def _plain(con: Contract | None) -> dict[str, Any] | None:
     if con is None:
         return None
+    from moetune.analyzer.contract import thaw
+
     return thaw(con)

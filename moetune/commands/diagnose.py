@@ -45,7 +45,6 @@ def run(args: argparse.Namespace) -> int:
     from moetune.analysis import analyze
     from moetune.analyzer.top import top_section
     from moetune.progress import describe, progress
-    from moetune.render import quiet_lines, render_diagnosis, render_top, render_warnings
 
     paths = list(args.paths) or [DEFAULT_TRACE]
     if not args.paths and not DEFAULT_TRACE.exists():
@@ -66,8 +65,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     elif args.quiet:
+        from moetune.render import quiet_lines
+
         print("\n".join(quiet_lines(doc)))
     else:
+        from moetune.render import render_diagnosis, render_top
+
         render_diagnosis(doc)
         if mapped is not None:
             print("\n".join(scale.summary_lines(mapped) + scale.cross_rank_lines(doc)))
@@ -77,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         given = shlex.quote(args.contract) if args.contract else "FILE"  # the one given, if any
         print(f"next: moetune recommend {shown} --contract {given}  ·  "
               f"moetune audit --contract {given} {shown}", file=sys.stderr)
-    if not args.quiet:
-        render_warnings(doc.get("warnings", []))
+    if not args.quiet and doc.get("warnings"):
+        from moetune.render import render_warnings  # rich: only when there is something to show
+
+        render_warnings(doc["warnings"])
     return 0
