@@ -31,11 +31,12 @@ from moetune.analyzer.steps import Steps, find_steps
 from moetune.analyzer.walls import (
     attribute_walls,
     fractions,
+    gpu_layers,
+    host_layers,
     median_step,
     recompute_evidence,
     recompute_launches,
     recompute_ops,
-    wall_layers,
 )
 from moetune.analyzer.whatif import whatif_section
 
@@ -65,6 +66,7 @@ class Context:
     doc: dict[str, Any]  # the document built so far
     contract: dict[str, Any] | None
     reference_step_s: float | None = None  # the run's unprofiled step time (its log), if known
+    recompute: pl.DataFrame | None = None  # walls.recompute_launches of `events`, if computed
 
 
 Section = tuple[str, Callable[[Trace, Steps, Context], dict[str, Any]]]
@@ -128,14 +130,16 @@ def diagnose_trace(
     dispatcher_hint = ((con or {}).get("megatron_args") or {}).get("moe_token_dispatcher_type")
     # Two lines of work side by side: polars releases the GIL inside each query, and most of
     # them are small (a fixed cost each), so a second thread fills the gaps. The helper builds
-    # the wall layers while this thread finds the steps, then attributes the walls while this
-    # thread reads the backend facts. Its one worker runs the two tasks in order.
+    # the GPU wall layers while this thread finds the steps and the host layers, then attributes
+    # the walls while this thread reads the backend facts. Its one worker runs the tasks in order.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="moetune-walls") as helper:
         rc_ops = helper.submit(recompute_ops, events, classes=cl)
-        layers = helper.submit(lambda: wall_layers(
-            events, recompute=recompute_launches(events, ops=rc_ops.result())))
+        rc_launches = helper.submit(lambda: recompute_launches(events, ops=rc_ops.result()))
+        gpu_l = helper.submit(lambda: gpu_layers(events, rc_launches.result()))
         steps = find_steps(events, window=win, step_range=step_range, classes=cl, source_file=first)
-        walls = helper.submit(lambda: attribute_walls(events, steps.table, layers=layers.result()))
+        host_l = host_layers(events)
+        walls = helper.submit(lambda: attribute_walls(events, steps.table,
+                                                      layers=gpu_l.result() | host_l))
         gpu = in_windows(events, steps.table)  # located once, read by observe, evidence, sections
         facts = gpu_facts(events, steps.table, comms=trace.comms, dispatcher_hint=dispatcher_hint,
                           classes=cl, gpu=gpu)
@@ -163,7 +167,7 @@ def diagnose_trace(
         "warnings": _warnings(trace, steps, events, observed),
     }
     ctx = Context(events=events, gpu=gpu, per_step=per_step, median=med, doc=doc, contract=con,
-                  reference_step_s=reference_step_s)
+                  reference_step_s=reference_step_s, recompute=rc_launches.result())
     for name, fn in list(sections if sections is not None else SECTIONS):
         extra = fn(trace, steps, ctx) or {}
         clash = sorted(set(extra) & CORE_KEYS)

@@ -310,6 +310,31 @@ def corr_key(*frames: pl.DataFrame) -> pl.Expr | None:
     return (pl.col("rank").cast(pl.Int64) * (1 << _CORR_BITS) + pl.col("correlation")).alias(CORR_KEY)
 
 
+def min_by_key(df: pl.DataFrame, key: pl.Expr, value: str | pl.Expr) -> tuple[pl.Series, pl.Series]:
+    """The smallest `value` per packed `key` (`corr_key`), as two aligned Series sorted by key,
+    each key once: the table `lookup` searches (a sort, no hash table: joins and group-bys by
+    key over millions of launch rows are what made large exports slow)."""
+    v = value if isinstance(value, pl.Expr) else pl.col(value)
+    t = df.select(key, v.alias("_v")).filter(pl.col(CORR_KEY).is_not_null()).sort(CORR_KEY)
+    keys = t.get_column(CORR_KEY)
+    if keys.len() > 1 and (keys.diff() == 0).any():  # a key twice (rare): its smallest value
+        t = t.with_columns(pl.col(CORR_KEY).set_sorted()).group_by(
+            CORR_KEY, maintain_order=True).agg(pl.col("_v").min())
+    return t.get_column(CORR_KEY), t.get_column("_v")
+
+
+def lookup(keys: pl.Series, values: pl.Series, wanted: pl.Series) -> pl.Series:
+    """`values` at the position of each of `wanted` in `keys` (from `min_by_key`), null where it
+    is absent or null: a left join by binary search that keeps `wanted`'s order."""
+    n = keys.len()
+    if n == 0 or wanted.len() == 0:
+        return pl.Series(values.name, [None] * wanted.len(), dtype=values.dtype)
+    w = wanted.fill_null(-1)  # packed keys are ≥ 0: never found
+    at = keys.search_sorted(w, side="left").clip(upper_bound=n - 1)
+    hit = pl.DataFrame({"f": keys.gather(at) == w, "v": values.gather(at)})
+    return hit.select(pl.when(pl.col("f")).then(pl.col("v"))).to_series().alias(values.name)
+
+
 def concat_traces(traces: Iterable[Trace]) -> Trace:
     """Merge traces of different ranks (each already carries its rank column)."""
     ts = list(traces)

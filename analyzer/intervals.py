@@ -50,6 +50,9 @@ def union(df: pl.DataFrame, *, by: Sequence[str] = ()) -> pl.DataFrame:
     d = df.select([*keys, START, END]).filter(pl.col(END) > pl.col(START))
     if d.height == 0:
         return d
+    packed = _union_packed(d, keys)
+    if packed is not None:
+        return packed
     # (keys, start) order; among equal starts the order is free: a tie never opens a new run
     d = sort_grouped(d, keys, START)
     reach = pl.col(END).cum_max()
@@ -62,6 +65,61 @@ def union(df: pl.DataFrame, *, by: Sequence[str] = ()) -> pl.DataFrame:
     first = d.filter(pl.col("_brk")).select([*keys, START])
     last = d.filter(pl.col("_brk").shift(-1).fill_null(True)).get_column("_reach")
     return first.with_columns(last.alias(END))
+
+
+def _union_packed(d: pl.DataFrame, keys: list[str]) -> pl.DataFrame | None:
+    """`union` of non-empty intervals with integer keys, on one Int64 per bound: (group number) ·
+    2**tbits + (t − tmin), the group number mixed from the keys' offsets from their minimum.
+    Groups then never interleave, so one running max of the packed ends (no window per group)
+    finds the runs, and one sort of the packed starts, carrying the packed ends, orders them
+    (a frame already in that order, as most layers are, is not sorted). None when a key is not
+    an integer or missing, or the numbers do not fit in 62 bits: then the general path."""
+    schema = d.schema
+    if any(not schema[k].is_integer() for k in keys) or not all(
+            schema[c].is_integer() for c in (START, END)):
+        return None
+    stats = d.select(
+        *[pl.col(k).min().alias(f"lo{i}") for i, k in enumerate(keys)],
+        *[pl.col(k).max().alias(f"hi{i}") for i, k in enumerate(keys)],
+        *[pl.col(k).null_count().alias(f"nn{i}") for i, k in enumerate(keys)],
+        pl.col(START).min().alias("t0"), pl.col(END).max().alias("t1"),
+    ).row(0, named=True)
+    if any(stats[f"nn{i}"] for i in range(len(keys))):
+        return None
+    radix = [stats[f"hi{i}"] - stats[f"lo{i}"] + 1 for i in range(len(keys))]
+    groups = 1
+    for r in radix:
+        groups *= r
+    t0 = stats["t0"]
+    tbits = (stats["t1"] - t0).bit_length()
+    if (groups - 1).bit_length() + tbits > 62:
+        return None
+    g: pl.Expr = pl.lit(0, dtype=pl.Int64)
+    for i, k in enumerate(keys):  # the first key most significant: (keys, start) order
+        g = g * radix[i] + (pl.col(k).cast(pl.Int64) - stats[f"lo{i}"])
+    scale = 1 << tbits
+    p = d.select((g * scale + (pl.col(START) - t0)).alias("_s"),
+                 (g * scale + (pl.col(END) - t0)).alias("_e"))
+    if not p.get_column("_s").is_sorted():
+        p = p.sort("_s")
+    reach = pl.col("_e").cum_max()
+    p = p.with_columns(reach.alias("_e"))
+    brk = (pl.col("_s") > pl.col("_e").shift(1)).fill_null(True)
+    p = p.with_columns(brk.alias("_brk"))
+    # a run opens on a break row and closes on the row before the next break
+    first = p.filter(pl.col("_brk")).get_column("_s")
+    last = p.filter(pl.col("_brk").shift(-1).fill_null(True)).get_column("_e")
+    del p
+    out = pl.DataFrame({"_s": first, "_e": last})
+    grp = pl.col("_s").floordiv(scale)
+    cols: list[pl.Expr] = []
+    div = groups
+    for i, k in enumerate(keys):
+        div //= radix[i]
+        cols.append((grp.floordiv(div) % radix[i] + stats[f"lo{i}"]).cast(schema[k]).alias(k))
+    cols += [((pl.col("_s") % scale) + t0).cast(schema[START]).alias(START),
+             ((pl.col("_e") % scale) + t0).cast(schema[END]).alias(END)]
+    return out.select(cols)
 
 
 def total(df: pl.DataFrame, *, by: Sequence[str] = ()) -> pl.DataFrame:
@@ -192,19 +250,27 @@ def locate(
         return j.drop([c for c in (start, end) if c not in keep])
     keys = _keys(on)
     cols = df.columns
-    d = _with_key(df, on).with_row_index("_row").filter(pl.col(at).is_not_null())
-    if not d.get_column(at).is_sorted():
+    extra = [c for c in keep if c not in cols]
+    # Only the keys and `at` go through the as-of join; the rows themselves are taken once, at
+    # the end (a frame of every column was copied four times: +0.4 GB over the 1.5 GB result on
+    # a 1 GB nsys export's GPU rows).
+    d = _with_key(df.select(*on, at), on).with_row_index("_row").filter(pl.col(at).is_not_null())
+    resorted = not d.get_column(at).is_sorted()
+    if resorted:
         d = d.sort(at)
     right = _with_key(w, on).sort(start).rename({start: "_ws", end: "_we"})
     j = d.join_asof(
         right, left_on=at, right_on="_ws", by=keys, strategy="backward", check_sortedness=False
     )
-    j = j.filter(pl.col("_ws").is_not_null() & (pl.col(at) < pl.col("_we"))).sort("_row")
-    if start in keep:
-        j = j.with_columns(pl.col("_ws").alias(start))
-    if end in keep:
-        j = j.with_columns(pl.col("_we").alias(end))
-    return j.select([*cols, *[c for c in (*keep,) if c not in cols]])
+    j = j.filter(pl.col("_ws").is_not_null() & (pl.col(at) < pl.col("_we")))
+    if resorted:  # else the join kept the rows' order
+        j = j.sort("_row")
+    j = j.rename({"_ws": start} if start in extra else {}).rename(
+        {"_we": end} if end in extra else {})
+    # each row is in one window at most: a mask (rows in order) picks them, no gather
+    mask = pl.repeat(False, df.height, eager=True).scatter(j.get_column("_row"), True)
+    rows = df.filter(mask)
+    return rows.with_columns(j.get_column(c) for c in extra) if extra else rows
 
 
 def clip(

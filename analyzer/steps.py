@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 from moetune.analyzer.classify import KernelClasses, load_classes
-from moetune.analyzer.frames import CORR_KEY, GPU_KINDS, corr_key, require
+from moetune.analyzer.frames import GPU_KINDS, corr_key, lookup, min_by_key, require
 
 from moetune.errors import UserError
 
@@ -117,9 +117,9 @@ def assign_steps(events: pl.DataFrame, host_steps: pl.DataFrame) -> pl.DataFrame
     if key is None:
         launches = calls.group_by(["rank", "correlation"]).agg(pl.col("step").min())
         return gpu.join(launches, on=["rank", "correlation"], how="left", maintain_order="left")
-    launches = calls.group_by(key).agg(pl.col("step").min())
-    return (gpu.with_columns(key).join(launches, on=CORR_KEY, how="left", maintain_order="left")
-            .drop(CORR_KEY))
+    # sorted keys searched, not a hash join: millions of launches on a large export
+    keys, step = min_by_key(calls, key, "step")
+    return gpu.with_columns(lookup(keys, step, gpu.select(key).to_series()).alias("step"))
 
 
 def _gpu_projection(events: pl.DataFrame, host: pl.DataFrame, source: str) -> pl.DataFrame:

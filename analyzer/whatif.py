@@ -53,18 +53,29 @@ UNCERTAINTY = 0.25
 MAX_BETWEEN = 12
 
 
+SHIPPED_PATH = WHATIF_PATH
+
+
 @cache
 def transforms() -> dict[str, dict[str, Any]]:
-    """The transform catalog (whatif.yaml), validated by schemas/whatif.schema.json."""
-    import jsonschema  # only when validating: a heavy import the start-up does not need
-
+    """The transform catalog (whatif.yaml). The shipped file is validated by the tests
+    (tests/test_whatif.py), any other here: importing jsonschema alone costs ~0.1 s of every
+    diagnosis."""
     doc, _ = read_yaml(WHATIF_PATH)
+    if WHATIF_PATH != SHIPPED_PATH:
+        validate_transforms(doc, WHATIF_PATH)
+    return dict(doc["transforms"])
+
+
+def validate_transforms(doc: Any, path: Any) -> None:
+    """UserError naming the first place where `doc` breaks schemas/whatif.schema.json."""
+    import jsonschema
+
     errors = sorted(jsonschema.Draft202012Validator(json.loads(schema("whatif").read_text()))
                     .iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
-        raise UserError(f"{'/'.join(map(str, e.absolute_path))}: {e.message}", path=WHATIF_PATH)
-    return dict(doc["transforms"])
+        raise UserError(f"{'/'.join(map(str, e.absolute_path))}: {e.message}", path=path)
 
 
 # --------------------------------------------------------------------------- the step's graph
@@ -549,7 +560,8 @@ def whatif_section(trace: Any, steps: Any, ctx: Any) -> dict[str, Any]:
     lo_col, hi_col = ("win_start_ns", "win_end_ns") if "win_start_ns" in cols else ("start_ns", "end_ns")
     start, end = int(win[lo_col][0]), int(win[hi_col][0])
     ep = episode(trace, ctx.events, int(row["rank"]), start, end,
-                 recompute_corr=recompute_launches(ctx.events))
+                 recompute_corr=ctx.recompute if getattr(ctx, "recompute", None) is not None
+                 else recompute_launches(ctx.events))
     if ep is None:
         return {}
     base = replay(ep, untouched(ep))

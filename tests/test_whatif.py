@@ -100,6 +100,18 @@ def test_a_scoped_capture_recovers_less_than_the_whole_step() -> None:
     assert 0 < scoped["low"] < whole["low"] and scoped["high"] < whole["high"]
 
 
+def test_the_shipped_transform_catalog_is_valid() -> None:
+    """transforms() skips validating the shipped file at run time: this is its validation."""
+    from moetune.yamlio import read_yaml
+
+    doc, _ = read_yaml(whatif.SHIPPED_PATH)
+    whatif.validate_transforms(doc, whatif.SHIPPED_PATH)
+    assert set(whatif.transforms()) == set(doc["transforms"])
+    broken = {**doc, "transforms": {**doc["transforms"], "x": {"knob": "a", "kind": "teleport"}}}
+    with pytest.raises(UserError, match="transforms/x"):
+        whatif.validate_transforms(broken, whatif.SHIPPED_PATH)
+
+
 def test_a_malformed_transform_catalog_names_the_file(tmp_path: Path, monkeypatch) -> None:
     bad = tmp_path / "whatif.yaml"
     bad.write_text("schema: moetune.whatif/1\ntransforms:\n  x:\n    knob: a\n    kind: teleport\n"
