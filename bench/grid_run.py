@@ -454,6 +454,36 @@ def point_row(r: dict[str, Any], base: float | None, f: dict[str, Any]) -> dict[
     return row
 
 
+def by_speed(r: dict[str, Any]) -> tuple[bool, float]:
+    """Sort key of a shape's points: the measured ones fastest first, then the rest."""
+    return r["status"] != "ok", r.get("step_ms") or 1e9
+
+
+def shape_summary(shape: str, pts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What grid_h200.json reads off one shape's points (point id → record or row, with `status`,
+    `step_ms`, `wall_s`, `why`): start and best step times, the greedy path (labelling the
+    `listed` points by it), whether the grid is complete, the skipped points, the GPU wall."""
+    recs = {(shape, pid): r for pid, r in pts.items()}
+    start = pts.get(gs.point_id(gs.START))
+    base = start["step_ms"] if start else None
+    ok = [r for r in pts.values() if r["status"] == "ok"]
+    best = min(ok, key=lambda r: r["step_ms"]) if ok else None
+    path, complete = greedy_path(shape, recs) if start else ([], False)
+    label(shape, recs, path)
+    return {
+        "start_step_ms": base,
+        "best": best["id"] if best else None, "best_step_ms": best["step_ms"] if best else None,
+        "best_speedup": round(base / best["step_ms"], 2) if best and base else None,
+        "greedy_path": path, "greedy_end_neighbours_all_measured": complete,
+        # complete: the start's neighbours all measured and the greedy end a checked optimum
+        "grid_complete": complete and all(
+            pts.get(gs.point_id(n), {}).get("status") not in (None, "skipped")
+            for n in gs.neighbours(gs.START)),
+        "skipped": sorted(pid for pid, r in pts.items() if r["status"] == "skipped"),
+        "grid_gpu_wall_s": round(sum(r.get("wall_s") or 0 for r in pts.values()), 1),
+    }
+
+
 def report(dirs: list[Path]) -> int:
     recs, probes, files = load(dirs)
     refuse_here(recs)
@@ -485,29 +515,12 @@ def report(dirs: list[Path]) -> int:
             "device_call")})
     for shape in gs.SHAPES:
         pts = {pid: r for (s, pid), r in recs.items() if s == shape}
-        start = pts.get(gs.point_id(gs.START))
-        base = start["step_ms"] if start else None
-        ok = [r for r in pts.values() if r["status"] == "ok"]
-        best = min(ok, key=lambda r: r["step_ms"]) if ok else None
-        path, complete = greedy_path(shape, recs) if start else ([], False)
-        label(shape, recs, path)
-        rows = []
-        for pid, r in sorted(pts.items(), key=lambda kv: (kv[1]["status"] != "ok",
-                                                          kv[1].get("step_ms") or 1e9)):
-            rows.append(point_row(r, base, files.get((shape, pid), {})))
+        summary = shape_summary(shape, pts)
+        rows = [point_row(r, summary["start_step_ms"], files.get((shape, pid), {}))
+                for pid, r in sorted(pts.items(), key=lambda kv: by_speed(kv[1]))]
         doc["shapes"][shape] = {
             "desc": gs.SHAPES[shape]["desc"], "flags": gs.SHAPES[shape]["flags"],
-            "start": gs.point_id(gs.START), "start_step_ms": base,
-            "best": best["id"] if best else None, "best_step_ms": best["step_ms"] if best else None,
-            "best_speedup": round(base / best["step_ms"], 2) if best and base else None,
-            "greedy_path": path, "greedy_end_neighbours_all_measured": complete,
-            # complete: the start's neighbours all measured and the greedy end a checked optimum
-            "grid_complete": complete and all(
-                pts.get(gs.point_id(n), {}).get("status") not in (None, "skipped")
-                for n in gs.neighbours(gs.START)),
-            "skipped": sorted(pid for pid, r in pts.items() if r["status"] == "skipped"),
-            "grid_gpu_wall_s": round(sum(r.get("wall_s") or 0 for r in pts.values()), 1),
-            "points": rows}
+            "start": gs.point_id(gs.START), **summary, "points": rows}
     (GRID / "grid_h200.json").write_text(json.dumps(doc, indent=1) + "\n")
     fixtures(doc, files)
     print(GRID / "grid_h200.json")
@@ -554,21 +567,11 @@ def merge_repeats(files: list[Path], path: Path = GRID / "grid_h200.json") -> in
             row["step_ms"] = round(statistics.median(row["runs_step_ms"]), 2)
         done.append(f.name)
     for shape, sd in doc["shapes"].items():
-        pts = {p["id"]: p for p in sd["points"]}
-        base = pts[sd["start"]]["step_ms"]
+        sd.update(shape_summary(shape, {p["id"]: p for p in sd["points"]}))
+        base = sd["start_step_ms"]
         for p in sd["points"]:
             p["speedup_vs_start"] = round(base / p["step_ms"], 2) if p.get("step_ms") else None
-        ok = [p for p in sd["points"] if p["status"] == "ok"]
-        best = min(ok, key=lambda p: p["step_ms"])
-        recs = {(shape, p["id"]): p for p in sd["points"]}
-        path_, complete = greedy_path(shape, recs)
-        label(shape, recs, path_)
-        sd.update(start_step_ms=base, best=best["id"], best_step_ms=best["step_ms"],
-                  best_speedup=round(base / best["step_ms"], 2), greedy_path=path_,
-                  greedy_end_neighbours_all_measured=complete,
-                  grid_gpu_wall_s=round(sum(p.get("wall_s") or 0 for p in sd["points"]), 1))
-        sd["points"].sort(key=lambda p: (p["status"] != "ok", p.get("step_ms") or 1e9))
-        sd["skipped"] = sorted(p["id"] for p in sd["points"] if p["status"] == "skipped")
+        sd["points"].sort(key=by_speed)
         for p in sd["points"]:
             if new.get((shape, p["id"])):
                 write_fixture(shape, sd, p, new[(shape, p["id"])])
@@ -683,8 +686,9 @@ def write_fixture(shape: str, sd: dict[str, Any], row: dict[str, Any], f: dict[s
                     else "local"},
         "grouped_gemm": row["knobs"]["grouped"],  # torch._grouped_mm experts when true
         "cuda_graph_replay": bool(row.get("cudaGraphLaunch_rows")),
-        "measured": {k: row[k] for k in ("step_ms", "speedup_vs_start", "steady_iter_ms",
-                                         "max_alloc_gib", "max_reserved_gib", "wall_s")},
+        "measured": {k: row[k] for k in ("step_ms", "runs_step_ms", "speedup_vs_start",
+                                         "steady_iter_ms", "max_alloc_gib", "max_reserved_gib",
+                                         "wall_s")},
         "shape_best": {"id": sd["best"], "step_ms": sd["best_step_ms"],
                        "grid_complete": sd["grid_complete"]},
         "shape_start": {"id": sd["start"], "step_ms": sd["start_step_ms"]},
