@@ -560,7 +560,7 @@ def whatif_section(trace: Any, steps: Any, ctx: Any) -> dict[str, Any]:
     lo_col, hi_col = ("win_start_ns", "win_end_ns") if "win_start_ns" in cols else ("start_ns", "end_ns")
     start, end = int(win[lo_col][0]), int(win[hi_col][0])
     ep = episode(trace, ctx.events, int(row["rank"]), start, end,
-                 recompute_corr=ctx.recompute if getattr(ctx, "recompute", None) is not None
+                 recompute_corr=ctx.recompute if ctx.recompute is not None
                  else recompute_launches(ctx.events))
     if ep is None:
         return {}

@@ -59,6 +59,13 @@ NONE_U32 = 0xFFFFFFFF  # CUPTI's "no id" for stream / event ids
 PID_SQL = "((({c}) >> 24) & 16777215)"  # globalPid / globalTid → OS pid (module docstring)
 TID_SQL = "(({c}) & 16777215)"
 
+
+def pid_tid(gtid: str) -> tuple[pl.Expr, pl.Expr]:
+    """PID_SQL / TID_SQL as polars expressions on column `gtid` (floor division is SQLite's
+    arithmetic shift), for a table read with one value per row to convert, not two."""
+    c = pl.col(gtid)
+    return (c.floordiv(1 << 24) & 0xFFFFFF).alias("hpid"), (c & 0xFFFFFF).alias("tid")
+
 # Runtime/driver calls that only query state. Kineto does not record them and nsys records them
 # nested inside launches (cuKernelGetName inside every cudaLaunchKernel), so keeping them would
 # double host time and make nsys and Kineto host walls disagree. Matched after suffix stripping.
@@ -485,11 +492,7 @@ def _runtime(db: Db, strings: pl.DataFrame) -> pl.DataFrame:
         "name_id": ("nameId", I64),
     }
     df = db.table_frame(RUNTIME, cols, where=where)
-    # PID_SQL / TID_SQL in polars (floor division is SQLite's arithmetic shift)
-    df = df.select("ts_ns", "end",
-                   (pl.col("gtid").floordiv(1 << 24) & 0xFFFFFF).alias("hpid"),
-                   (pl.col("gtid") & 0xFFFFFF).alias("tid"),
-                   "correlation", "name_id")
+    df = df.select("ts_ns", "end", *pid_tid("gtid"), "correlation", "name_id")
     df = _name(df, names, "name_id")
     return df.with_columns(
         pl.lit("runtime").alias("kind"),
