@@ -527,6 +527,34 @@ def report(dirs: list[Path]) -> int:
     return 0
 
 
+def read_call(f: Path, doc: dict[str, Any]) -> list[dict[str, Any]] | str:
+    """A device call's grid.jsonl records, or the one line that says why they cannot be merged
+    into `doc` (already merged, unreadable, a record of no known shape or point)."""
+    if f.name in doc.get("repeat_files", []):
+        return f"{f}: already merged into grid_h200.json"
+    try:
+        lines = f.read_text().splitlines()
+    except OSError as exc:
+        return f"{f}: {exc.strerror or exc}"
+    recs = []
+    for n, line in enumerate(lines, 1):
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as exc:
+            return f"{f}:{n}: not a JSON record ({exc.msg})"
+        if not isinstance(r, dict) or not isinstance(r.get("id"), str) or "status" not in r:
+            return f"{f}:{n}: not a grid record (an object with id and status)"
+        if r.get("shape") not in doc["shapes"]:
+            return f"{f}:{n}: shape {r.get('shape')!r} is not in the grid"
+        base, sep, _ = r["id"].partition("__rep")
+        known = {p["id"] for p in doc["shapes"][r["shape"]]["points"]} | \
+            {q["id"] for q in recs if q["shape"] == r["shape"]}
+        if sep and base not in known:
+            return f"{f}:{n}: a repeat of {base}, which the grid has not measured"
+        recs.append(r)
+    return recs
+
+
 def merge_repeats(files: list[Path], path: Path = GRID / "grid_h200.json") -> int:
     """Fold later calls into the recorded grid: a point not measured before becomes a row (and,
     with its trace, a fixture); an `@rep` run joins its point's `runs_step_ms`, whose median is
@@ -535,18 +563,21 @@ def merge_repeats(files: list[Path], path: Path = GRID / "grid_h200.json") -> in
     no run counts twice. A call's `FILE_logs.tar.gz` and `FILE_traces*.tar` lie beside it."""
     doc = json.loads(path.read_text())
     done = doc.setdefault("repeat_files", [])
-    for f in files:
-        if f.name in done:
-            raise SystemExit(f"{f}: already merged into {path.name}")
+    calls = []
+    for f in files:  # every record checked before anything is written
+        problem = read_call(f, doc)
+        if isinstance(problem, str):
+            print(f"grid_run.py repeats: {problem}", file=sys.stderr)
+            return 2
+        calls.append((f, problem))
     new: dict[tuple[str, str], dict[str, Any]] = {}
     work = Path(tempfile.mkdtemp(prefix="grid-merge-"))
-    for f in files:
+    for f, recs in calls:
         # the call's logs and traces (bench/gpu/grid.sh's tars beside its grid.jsonl)
         for tar in sorted(f.parent.glob(f"{f.stem}_logs.tar.gz")) + \
                 sorted(f.parent.glob(f"{f.stem}_traces*.tar")):
             with tarfile.open(tar) as t:
                 t.extractall(work / f.stem, filter="data")
-        recs = [json.loads(line) for line in f.read_text().splitlines()]
         for r in sorted(recs, key=lambda r: "__rep" in r["id"]):  # a new point before its repeats
             base, sep, _ = r["id"].partition("__rep")
             points = doc["shapes"][r["shape"]]["points"]
