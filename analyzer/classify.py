@@ -193,6 +193,35 @@ def classify_keys(keys: pl.DataFrame, classes: KernelClasses) -> pl.DataFrame:
     ).drop("_g", "_r")
 
 
+KEY = "_class_key"
+
+
+def _packed_key(ev: pl.DataFrame, thresholds: list[int]) -> pl.Expr | None:
+    """The classification keys of `ev` (kind, name as Categorical, copy_kind, copy_mem,
+    sync_kind, _size_bucket) packed into one UInt64 column `KEY`: each field's code + 1 (0 for
+    null) in its own bits, the size bucket by its rank among 0 and `thresholds`. None when a key
+    is not of the dtype this packing knows or the fields need more than 64 bits."""
+    enums = ("kind", "copy_kind", "copy_mem", "sync_kind")
+    if not all(isinstance(ev.schema[c], pl.Enum) for c in enums) or not isinstance(
+            ev.schema["name"], pl.Categorical):
+        return None
+    fields: list[tuple[pl.Expr, int]] = [
+        ((pl.col(c).to_physical().cast(pl.UInt64) + 1).fill_null(0),
+         (len(ev.schema[c].categories) + 1).bit_length()) for c in enums]
+    fields.append(((pl.col("name").to_physical().cast(pl.UInt64) + 1).fill_null(0), 33))
+    # a bucket is 0 or a threshold: its rank among those values stands for it
+    values, b = sorted({0, *thresholds}), pl.col("_size_bucket")
+    rank = pl.sum_horizontal([(b >= v).cast(pl.UInt64) for v in values])
+    fields.append((rank, (len(values) + 1).bit_length()))
+    if sum(bits for _, bits in fields) > 64:
+        return None
+    key, shift = pl.lit(0, dtype=pl.UInt64), 0
+    for expr, bits in fields:
+        key = key + expr * pl.lit(1 << shift, dtype=pl.UInt64)
+        shift += bits
+    return key.alias(KEY)
+
+
 def classify(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> pl.DataFrame:
     """Return `events` plus `kclass` (String), `wall` (Enum), `rclass` (Enum), `blocking` (Boolean).
 
@@ -213,9 +242,19 @@ def classify(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> p
         "kind", pl.col("name").cast(pl.Categorical), "copy_kind", mem.alias("copy_mem"), "sync_kind",
         _size_bucket(cl.size_thresholds).alias("_size_bucket"),
     ).collect()
-    classified = classify_keys(ev.unique().with_columns(pl.col("name").cast(pl.String)), cl)
-    classified = classified.with_columns(pl.col("name").cast(pl.Categorical))
-    new = ev.join(classified, on=key_cols, how="left", nulls_equal=True, maintain_order="left")
+    key = _packed_key(ev, cl.size_thresholds)
+    if key is not None:
+        # One UInt64 per row stands for its six keys: the distinct keys and the join back hash
+        # one column instead of six (classify 2.8 → 2.0 s on the 11 M rows of a 1 GB nsys export).
+        ev = ev.with_columns(key)
+        first = ev.filter(pl.col(KEY).is_first_distinct())
+        classified = classify_keys(first.with_columns(pl.col("name").cast(pl.String)), cl)
+        new = ev.select(KEY).join(classified.drop(key_cols), on=KEY, how="left",
+                                  maintain_order="left")
+    else:
+        classified = classify_keys(ev.unique().with_columns(pl.col("name").cast(pl.String)), cl)
+        classified = classified.with_columns(pl.col("name").cast(pl.Categorical))
+        new = ev.join(classified, on=key_cols, how="left", nulls_equal=True, maintain_order="left")
     # Back to full length, the event columns shared, not copied.
     n = events.height
     cols = [pl.repeat(None, n, dtype=new.schema[c], eager=True).alias(c).scatter(at, new[c])

@@ -32,11 +32,14 @@ from moetune.analyzer.walls import (
     attribute_walls,
     fractions,
     gpu_layers,
-    host_layers,
     median_step,
     recompute_evidence,
     recompute_launches,
     recompute_ops,
+    starved_layer,
+    step_counts,
+    sync_layer,
+    union_layers,
 )
 from moetune.analyzer.whatif import whatif_section
 
@@ -126,20 +129,26 @@ def diagnose_trace(
     step_range = step_range or cwin.get("step_range")
     if not trace.events.select(pl.col("kind").is_in(GPU_KINDS).any()).item():
         raise UserError("has no GPU events (CPU-only profile?)", path=first)
-    events = classify(trace.events, classes=cl)
     dispatcher_hint = ((con or {}).get("megatron_args") or {}).get("moe_token_dispatcher_type")
     # Two lines of work side by side: polars releases the GIL inside each query, and most of
-    # them are small (a fixed cost each), so a second thread fills the gaps. The helper builds
-    # the GPU wall layers while this thread finds the steps and the host layers, then attributes
-    # the walls while this thread reads the backend facts. Its one worker runs the tasks in order.
+    # them are small (a fixed cost each), so a second thread fills the gaps. The helper finds the
+    # launch-starved gaps while this thread classifies the events (gaps need kinds and times, no
+    # class), builds the GPU wall layers and unions all layers (they need no steps) while this
+    # thread finds the steps and counts the kernels and launches in them, then sweeps the walls
+    # while this thread reads the backend facts: about equal shares. Its one worker runs the
+    # tasks in order.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="moetune-walls") as helper:
+        starved = helper.submit(starved_layer, trace.events)
+        events = classify(trace.events, classes=cl)
         rc_ops = helper.submit(recompute_ops, events, classes=cl)
         rc_launches = helper.submit(lambda: recompute_launches(events, ops=rc_ops.result()))
-        gpu_l = helper.submit(lambda: gpu_layers(events, rc_launches.result()))
+        sync = sync_layer(events)
+        unioned = helper.submit(lambda: union_layers(
+            gpu_layers(events, rc_launches.result()) | {"sync": sync, "starved": starved.result()}))
         steps = find_steps(events, window=win, step_range=step_range, classes=cl, source_file=first)
-        host_l = host_layers(events)
-        walls = helper.submit(lambda: attribute_walls(events, steps.table,
-                                                      layers=gpu_l.result() | host_l))
+        counts = step_counts(events, steps.table)
+        walls = helper.submit(lambda: attribute_walls(events, steps.table, unioned=unioned.result(),
+                                                      counts=counts))
         gpu = in_windows(events, steps.table)  # located once, read by observe, evidence, sections
         facts = gpu_facts(events, steps.table, comms=trace.comms, dispatcher_hint=dispatcher_hint,
                           classes=cl, gpu=gpu)

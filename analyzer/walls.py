@@ -191,7 +191,17 @@ def gpu_layers(events: pl.DataFrame, recompute: pl.DataFrame) -> dict[str, pl.Da
 def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """Per-rank host causes of GPU idleness: blocking sync/copy calls, launch-starved gaps."""
     require(events, ("kind", "rclass", "blocking"), what="classified events")
-    sync = _iv(events.filter(pl.col("blocking") & (pl.col("dur_ns") > 0)))
+    return {"sync": sync_layer(events), "starved": starved_layer(events)}
+
+
+def sync_layer(events: pl.DataFrame) -> pl.DataFrame:
+    """Per-rank intervals of blocking host calls (classified events)."""
+    return _iv(events.filter(pl.col("blocking") & (pl.col("dur_ns") > 0)))
+
+
+def starved_layer(events: pl.DataFrame) -> pl.DataFrame:
+    """Per-rank launch-starved gaps: GPU idle until the launch call of the op that ends the gap
+    returned. Kinds and times only, no class: it can be built while the events are classified."""
     gpu = events.lazy().filter(pl.col("kind").is_in(GPU_KINDS) & (pl.col("dur_ns") > 0)).select(
         "rank", "correlation", pl.col("ts_ns").alias(START),
         (pl.col("ts_ns") + pl.col("dur_ns")).alias(END)).collect()
@@ -210,8 +220,7 @@ def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
         (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()
     ).select("rank", "correlation", "ts_ns", "dur_ns").collect()
     key = corr_key(calls, ops)
-    starved = _starved_joined(calls, ops) if key is None else _starved_searched(calls, ops, key)
-    return {"sync": sync, "starved": starved}
+    return _starved_joined(calls, ops) if key is None else _starved_searched(calls, ops, key)
 
 
 def _starved_searched(calls: pl.DataFrame, ops: pl.DataFrame, key: pl.Expr) -> pl.DataFrame:
@@ -267,32 +276,41 @@ def wall_layers(events: pl.DataFrame, *, recompute: pl.DataFrame | None = None,
     return gpu_layers(events, rc) | host_layers(events)
 
 
+def union_layers(layers: dict[str, pl.DataFrame]) -> tuple[list[str], pl.DataFrame]:
+    """(layer names, their intervals unioned per rank): the part of `attribute_walls` that needs
+    no steps, so that a caller can run it while the steps are found. All layers stacked (a
+    `_layer` column, the name's index, keeps them apart) and unioned in one pass: each polars
+    call has a fixed cost, and per-layer calls made up a third of a small trace's diagnosis."""
+    stacked = pl.concat([
+        v.select("rank", START, END, pl.lit(i, dtype=pl.UInt8).alias(LAYER))
+        for i, v in enumerate(layers.values())
+    ])
+    return list(layers), union(stacked, by=["rank", LAYER])
+
+
 def attribute_walls(
     events: pl.DataFrame,
     steps: pl.DataFrame,
     *,
     recompute: pl.DataFrame | None = None,
     layers: dict[str, pl.DataFrame] | None = None,
+    unioned: tuple[list[str], pl.DataFrame] | None = None,
+    counts: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """One row per (rank, step): window and the ns of every wall component (see module doc).
 
-    `events` must be classified (classify.classify); `steps` is Steps.table; `layers`, when the
-    caller has them already, is `wall_layers(events, recompute=…)`.
+    `events` must be classified (classify.classify); `steps` is Steps.table. What the caller has
+    computed already: `layers`, `wall_layers(events, recompute=…)`; `unioned`, `union_layers` of
+    them; `counts`, `step_counts(events, steps)`.
     """
     require(steps, ("rank", "step", "win_start_ns", "win_end_ns"), what="steps")
-    layers = layers if layers is not None else wall_layers(events, recompute=recompute)
+    if unioned is None:
+        layers = layers if layers is not None else wall_layers(events, recompute=recompute)
+        unioned = union_layers(layers)
+    names, unioned_iv = unioned[0] + ["win"], unioned[1]
+    del unioned
     win = steps.select("rank", "step", "win_start_ns", "win_end_ns")
     wid = win.with_columns(pl.struct(BY).rank("dense").cast(pl.Int64).alias("_wid"))
-    # All layers stacked (a `_layer` column keeps them apart), unioned per rank and swept in one
-    # pass with the windows: each polars call has a fixed cost, and per-layer calls made up a
-    # third of a small trace's diagnosis.
-    stacked = pl.concat([
-        v.select("rank", START, END, pl.lit(i, dtype=pl.UInt8).alias(LAYER))
-        for i, v in enumerate(layers.values())
-    ])
-    names = [*layers, "win"]
-    unioned = union(stacked, by=["rank", LAYER])
-    del stacked
     c, r, m, k = pl.col("c"), pl.col("rc"), pl.col("comm"), pl.col("mem")
     off, offpg = pl.col("off"), pl.col("offpg")
     busy = c | r | m | k
@@ -313,14 +331,14 @@ def attribute_walls(
         "sync_blocked_ns": idle & pl.col("sync"),
         "launch_starved_ns": idle & ~pl.col("sync") & pl.col("starved"),
     }
-    cover = _coverage(unioned, wid, names=names)
+    cover = _coverage(unioned_iv, wid, names=names)
     if cover is not None:  # (window, set of layers) → time: the parts are sums over a small table
         length = pl.col("len_ns")
         seg = cover
     else:
         length = pl.col(END) - pl.col(START)
-        seg = _segments(unioned, wid, names=names)
-    del unioned
+        seg = _segments(unioned_iv, wid, names=names)
+    del unioned_iv
     agg = seg.group_by("_wid").agg([(length * e.cast(pl.Int64)).sum().alias(n) for n, e in parts.items()])
     del seg
     agg = wid.select(*BY, "_wid").unique().join(agg, on="_wid", how="inner").drop("_wid")
@@ -332,7 +350,8 @@ def attribute_walls(
         (pl.col("idle_ns") - pl.col("sync_blocked_ns") - pl.col("launch_starved_ns")).alias("other_idle_ns"),
         (pl.col("mem_copy_exposed_ns") + pl.col("recompute_ns")).alias("mem_exposed_ns"),
     )
-    out = out.join(_counts(events, steps), on=BY, how="left").with_columns(
+    counts = counts if counts is not None else step_counts(events, steps)
+    out = out.join(counts, on=BY, how="left").with_columns(
         pl.col("kernels").fill_null(0), pl.col("launches").fill_null(0)
     )
     check_sums(out)
@@ -445,7 +464,7 @@ def _segments(unioned: pl.DataFrame, wid: pl.DataFrame, *, names: list[str]) -> 
     return seg.filter(pl.col("win"))
 
 
-def _counts(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+def step_counts(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     """Kernels starting in each window, launch calls in each host step, median kernel duration."""
     win = steps.select("rank", "step", "win_start_ns", "win_end_ns", "start_ns", "end_ns")
     kern = events.lazy().filter(pl.col("kind") == "kernel").select("rank", "ts_ns", "dur_ns").collect()

@@ -160,3 +160,17 @@ def test_diagnosis_numbers_unchanged(corpus: Path) -> None:
     assert doc["blocking"]["communication_busy_s"] == 0.0123
     assert doc["blocking"]["communication_hidden_s"] == 0.00176
     assert doc["evidence"]["top_kernels"][0]["time_s"] == 0.024212
+
+
+@pytest.mark.parametrize("rel", [A100, "public/nsys/nsysai_2gpu_training_before.sqlite"])
+def test_classify_packed_key_equals_six_key_join(corpus: Path, rel: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """classify's one UInt64 key per row (`_packed_key`) gives every row the classes the join on
+    the six key columns gave."""
+    import moetune.analyzer.classify as classify_mod
+
+    events = load_trace([corpus / rel]).events
+    packed = classify(events)
+    monkeypatch.setattr(classify_mod, "_packed_key", lambda ev, thresholds: None)
+    assert packed.equals(classify(events))
+    assert packed.get_column("kclass").null_count() < packed.height

@@ -166,8 +166,16 @@ def _read(db: Db, path: Path, first_rank: int) -> Trace:
         runtime = _runtime(db, strings)
         nvtx = _nvtx(db, strings)
         if side is not None:
+            # The copies are read here while the worker reads the kernels (the larger share).
+            # Schema notes keep the order of reading the worker's tables first.
+            marks = len(db.missing_tables), len(db.missing_columns)
+            memsets, memcpys = _copies(db)
+            later = db.missing_tables[marks[0]:], db.missing_columns[marks[1]:]
+            del db.missing_tables[marks[0]:], db.missing_columns[marks[1]:]
             got, side = _finish_side_fetch(db, *side), None
-            kernels, graphs, memsets, memcpys = got if got is not None else _gpu_side(db, strings)
+            kernels, graphs = got if got is not None else _worker_share(db, strings)
+            db.missing_tables += [t for t in later[0] if t not in db.missing_tables]
+            db.missing_columns += [c for c in later[1] if c not in db.missing_columns]
             if "name_id" in kernels.columns:  # names joined here share one string buffer
                 kernels = _name(kernels, strings, "name_id")
     finally:
@@ -206,11 +214,17 @@ def _read(db: Db, path: Path, first_rank: int) -> Trace:
     # Time order (as the Kineto reader gives); one key keeps the sort cheap on 10M-row exports.
     # `sort("ts_ns")` one column at a time: each sorted column replaces its unsorted one, so the
     # peak holds the frame plus a column, not two frames (the read's peak on a 1 GB export
-    # −1.4 GB, for ~+1 s). By expression: the all-null columns `conform` added stay constants.
+    # −1.4 GB). Each column is made one chunk first: a gather across the ~100 chunks of the
+    # concatenated Arrow batches looks up the chunk of every row (2.5× the time of both steps).
+    # All-null columns (the constants `conform` added, graph ids of an eager capture) need no
+    # order: they become constants, one chunk like the rest.
     order = events.get_column("ts_ns").arg_sort()
     for name in events.columns:
-        events = events.with_columns(pl.col(name).gather(order))
-    del order
+        col = events.get_column(name)
+        events = events.with_columns(
+            col.rechunk().gather(order) if col.null_count() < col.len()
+            else pl.lit(None, dtype=col.dtype).alias(name))
+    del order, col
     # nsys times count from the session start: a start over 7 days before it or a span over 7 days
     # (the Kineto reader's CUPTI-overflow bound) is a damaged row, dropped and counted
     impossible = (pl.col("ts_ns") < -MAX_DUR_NS) | (pl.col("dur_ns") > MAX_DUR_NS)
@@ -278,9 +292,9 @@ def _memory(db: Db, pairs: pl.DataFrame) -> pl.DataFrame:
 # --- a second process for large exports ---------------------------------------------------------
 #
 # Reading is bound by turning SQLite values into Python objects (one core). On a large export a
-# worker process (nsys_worker.py) reads the GPU tables while this process reads runtime and
-# NVTX; frames come back as Arrow IPC files. Small exports stay in-process (a worker costs
-# ~0.5 s to start).
+# worker process (nsys_worker.py) reads the kernels and graph replays while this process reads
+# runtime, NVTX and the copies; frames come back as Arrow IPC files. Small exports stay
+# in-process (a worker costs ~0.5 s to start).
 
 PARALLEL_MIN_ROWS = 1_500_000
 
@@ -298,11 +312,42 @@ def _worth_a_worker(db: Db) -> bool:
 def _gpu_side(
     db: Db, strings: pl.DataFrame | None
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """The GPU tables (the worker's share: about as much as runtime + NVTX on the main side)."""
-    return _kernels(db, strings), _graph_replays(db), _memsets(db), _memcpys(db)
+    """The GPU tables: kernels, graph replays, memsets, memcpys."""
+    return *_worker_share(db, strings), *_copies(db)
 
 
-SIDE_FRAMES = ("kernels", "graphs", "memsets", "memcpys")
+def _worker_share(db: Db, strings: pl.DataFrame | None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Kernels and graph replays: about as much reading as runtime, NVTX and the copies."""
+    return _kernels(db, strings), _graph_replays(db)
+
+
+def _copies(db: Db) -> tuple[pl.DataFrame, pl.DataFrame]:
+    return _memsets(db), _memcpys(db)
+
+
+SIDE_FRAMES = ("kernels", "graphs")  # what the worker writes (_worker_share)
+
+
+def slim_side_frame(df: pl.DataFrame) -> tuple[pl.DataFrame, dict | None]:
+    """What the worker writes of a GPU frame, and how `_restore_side_frame` rebuilds the rest:
+    `pid` / `tid` (copies of device / stream, `_gpu_common`), `kind` (one value per frame) and
+    all-null Int64 columns (graph ids of an eager capture) cost nothing to make again but
+    nearly half of the bytes written, read back and deleted on a 1 GB export."""
+    if df.height == 0 or not {"kind", "pid", "tid"} <= set(df.columns):
+        return df, None
+    nulls = [c for c, t in df.schema.items()
+             if t == I64 and c not in ("pid", "tid") and df.get_column(c).null_count() == df.height]
+    layout = {"columns": df.columns, "kind": df.get_column("kind")[0], "nulls": nulls}
+    return df.drop("pid", "tid", "kind", *nulls), layout
+
+
+def _restore_side_frame(df: pl.DataFrame, layout: dict | None) -> pl.DataFrame:
+    if layout is None:
+        return df
+    return df.with_columns(
+        pl.lit(layout["kind"]).alias("kind"), pl.col("device").alias("pid"),
+        pl.col("stream").alias("tid"), *(pl.lit(None, dtype=I64).alias(c) for c in layout["nulls"]),
+    ).select(layout["columns"])
 
 
 def _start_side_fetch(db: Db) -> tuple[subprocess.Popen, tempfile.TemporaryDirectory]:
@@ -325,7 +370,9 @@ def _finish_side_fetch(
         if proc.returncode != 0 or not (out / "notes.json").exists():
             return None
         notes = json.loads((out / "notes.json").read_text())
-        frames = tuple(pl.read_ipc(out / f"{n}.arrow").rechunk() for n in SIDE_FRAMES)
+        layouts = notes.get("layouts") or {}
+        frames = tuple(_restore_side_frame(pl.read_ipc(out / f"{n}.arrow").rechunk(), layouts.get(n))
+                       for n in SIDE_FRAMES)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -351,7 +398,19 @@ def _strings(db: Db) -> pl.DataFrame:
 def _name(df: pl.DataFrame, strings: pl.DataFrame, id_col: str, out: str = "name") -> pl.DataFrame:
     """Resolve a StringIds id column to text (polars join: names become shared string views)."""
     lookup = strings.rename({"id": id_col, "value": out})
-    return df.join(lookup, on=id_col, how="left", maintain_order="left").drop(id_col)
+    ids = lookup.get_column(id_col)
+    if ids.n_unique() < lookup.height:  # a damaged export: rows as joined
+        return df.join(lookup, on=id_col, how="left", maintain_order="left").drop(id_col)
+    # Ids unique: the other columns are not copied. Small ids (nsys numbers its strings from a
+    # few hundred up): a table by id and a gather, not a hash join of millions of rows.
+    size = int(ids.max() or 0) + 1
+    if ids.len() and ids.min() >= 0 and size <= 4 * ids.len() + 4096:
+        table = pl.repeat(None, size, dtype=pl.String, eager=True).scatter(ids, lookup.get_column(out))
+        at = pl.col(id_col)
+        pos = df.select(pl.when((at >= 0) & (at < size)).then(at).cast(pl.UInt32)).to_series()
+        return df.drop(id_col).with_columns(table.gather(pos).alias(out))
+    names = df.select(id_col).join(lookup, on=id_col, how="left", maintain_order="left")
+    return df.drop(id_col).with_columns(names.get_column(out))
 
 
 # --- GPU activity -------------------------------------------------------------------------------
@@ -426,15 +485,22 @@ def _memcpys(db: Db) -> pl.DataFrame:
     kind = pl.col("copy_id").replace_strict(COPY_KIND_BY_ID, default="other", return_dtype=pl.String)
     src = pl.col("src").replace_strict(mem, default=None, return_dtype=pl.String)
     dst = pl.col("dst").replace_strict(mem, default=None, return_dtype=pl.String)
-    df = df.with_columns(kind.alias("copy_kind"), copy_mem(src, dst).alias("copy_mem")).with_columns(
+    ends = ["copy_id", "src", "dst"]
+    # Labelled once per distinct (direction, source, destination) and joined back: the string
+    # work per copy was ~1 s of the read of a 1 GB export (0.9 M copies, a handful of keys).
+    labels = df.select(ends).unique().with_columns(
+        kind.alias("copy_kind"), copy_mem(src, dst).alias("copy_mem")
+    ).with_columns(
         # Kineto spelling: "Memcpy DtoH (Device -> Pageable)"
         pl.when(src.is_not_null() & dst.is_not_null())
         .then(pl.format("Memcpy {} ({} -> {})", pl.col("copy_kind"), src, dst))
         .otherwise(pl.format("Memcpy {}", pl.col("copy_kind")))
         .alias("name"),
+    )
+    df = df.join(labels, on=ends, how="left", nulls_equal=True, maintain_order="left").with_columns(
         pl.when(pl.col("graph_node_id") != 0).then(pl.col("graph_node_id")).alias("graph_node_id"),
     )
-    return _gpu_common(df.drop("copy_id", "src", "dst"), "memcpy")
+    return _gpu_common(df.drop(ends), "memcpy")
 
 
 def _memsets(db: Db) -> pl.DataFrame:
@@ -608,7 +674,14 @@ def _rank_pairs(gpu: pl.DataFrame, real: pl.DataFrame | None, first_rank: int
     """(hpid, device) → rank: NCCL's own rank when every pair has one (True), else numbered from
     first_rank in (device, pid) order (False). Every (process, device) pair with GPU work is a
     rank: none is left out."""
-    pairs = gpu.select("hpid", "device").unique().sort(["device", "hpid"], nulls_last=True)
+    key = _pair_key(gpu)
+    if key is None:
+        pairs = gpu.select("hpid", "device").unique()
+    else:  # one Int64 column made unique instead of two
+        k = gpu.select(key).unique().to_series()
+        pairs = pl.DataFrame([(k // (1 << PAIR_BITS)).cast(gpu.schema["hpid"]).alias("hpid"),
+                              (k % (1 << PAIR_BITS)).cast(gpu.schema["device"]).alias("device")])
+    pairs = pairs.sort(["device", "hpid"], nulls_last=True)
     pairs = pairs.with_columns(
         (pl.int_range(pl.len(), dtype=pl.Int32) + first_rank).alias("rank")
     )
@@ -684,11 +757,33 @@ def _nccl_init_ranks(db: Db) -> pl.DataFrame | None:
     )
 
 
+PAIR_BITS = 21  # device ids below 2**21; the OS pid (24 bits, PID_SQL) above them
+
+
+def _pair_key(df: pl.DataFrame) -> pl.Expr | None:
+    """(hpid, device) of `df` as one Int64 column `_pair`, or None when a value is missing or out
+    of range (0 ≤ hpid < 2**24, 0 ≤ device < 2**PAIR_BITS): a unique or a lookup over millions of
+    GPU rows hashes one column, not two."""
+    h, d = pl.col("hpid"), pl.col("device")
+    b = df.select((h.null_count() + d.null_count()).alias("n"), h.min().alias("h0"),
+                  h.max().alias("h1"), d.min().alias("d0"), d.max().alias("d1")).row(0)
+    if b[0] or b[1] is None or b[1] < 0 or b[2] >= 1 << 24 or b[3] < 0 or b[4] >= 1 << PAIR_BITS:
+        return None
+    return (h * (1 << PAIR_BITS) + d).alias("_pair")
+
+
 def _rank_gpu(gpu: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
     if pairs.height == 1:  # the common single-GPU capture: skip a join over every GPU row
         return gpu.with_columns(pl.lit(pairs["rank"][0], dtype=pl.Int32).alias("rank"))
-    return gpu.join(pairs, on=["hpid", "device"], how="left", nulls_equal=True,
-                    maintain_order="left")
+    key, known = _pair_key(gpu), _pair_key(pairs)
+    if key is not None and known is not None:  # each pair once: a lookup of one packed key
+        rank = key.replace_strict(pairs.select(known).to_series(), pairs.get_column("rank"),
+                                  default=None, return_dtype=pairs.schema["rank"])
+        return gpu.with_columns(rank.alias("rank"))
+    # Each (hpid, device) pair once: only the keys go through the join, not every GPU column.
+    rank = gpu.select("hpid", "device").join(pairs, on=["hpid", "device"], how="left",
+                                             nulls_equal=True, maintain_order="left")
+    return gpu.with_columns(rank.get_column("rank"))
 
 
 def _process_rank(pairs: pl.DataFrame) -> pl.DataFrame:
@@ -706,8 +801,11 @@ def _rank_host(df: pl.DataFrame, pairs: pl.DataFrame, gpu: pl.DataFrame | None) 
         return df.with_columns(pl.lit(proc["rank"].min(), dtype=pl.Int32).alias("rank"))
     if proc.height == 1 and df["hpid"].n_unique() == 1 and df["hpid"][0] == proc["hpid"][0]:
         out = df.with_columns(pl.lit(proc["rank"][0], dtype=pl.Int32).alias("rank"))
-    else:
-        out = df.join(proc, on="hpid", how="inner", maintain_order="left")
+    else:  # an inner join by hpid (one row per process): only the key goes through it
+        rank = df.select("hpid").join(proc, on="hpid", how="left", maintain_order="left")
+        out = df.with_columns(rank.get_column("rank"))
+        if out.get_column("rank").null_count():
+            out = out.filter(pl.col("rank").is_not_null())
     multi = pairs.group_by("hpid").len().filter(pl.col("len") > 1)
     if gpu is not None and multi.height and "correlation" in out.columns:
         by_corr = (
@@ -737,7 +835,9 @@ def _rank_sync(df: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
 
 
 def _uses_nccl(gpu: pl.DataFrame, nvtx: pl.DataFrame) -> bool:
-    if gpu.filter((pl.col("kind") == "kernel") & pl.col("name").str.starts_with("nccl")).height:
+    # a test over two columns, not a filter that copies every column of the matching rows
+    if gpu.select(((pl.col("kind") == "kernel") & pl.col("name").str.starts_with("nccl")).any()
+                  ).item():
         return True
     return bool(nvtx.height) and bool(nvtx.filter(pl.col("name").is_in(list(NCCL_API))).height)
 

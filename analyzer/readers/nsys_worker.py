@@ -1,4 +1,4 @@
-"""Worker process for large nsys exports: read the kernel-side tables, write Arrow IPC files.
+"""Worker process for large nsys exports: read the kernel tables, write Arrow IPC files.
 
 Run as `python -m moetune.analyzer.readers.nsys_worker DB SHOWN OUT_DIR` by `moetune.analyzer.readers.nsys` (a
 fresh interpreter, so nothing of the caller's `__main__` is re-executed). Writes one
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from moetune.analyzer.readers.nsys import SIDE_FRAMES, _gpu_side
+from moetune.analyzer.readers.nsys import SIDE_FRAMES, _worker_share, slim_side_frame
 from moetune.analyzer.readers.nsys_db import Db
 
 from moetune.errors import UserError
@@ -23,15 +23,17 @@ def main(argv: list[str]) -> int:
     try:
         db = Db.open(db_path, shown=shown)
         try:
-            frames = _gpu_side(db, None)  # kernel names are resolved by the caller
+            frames = _worker_share(db, None)  # kernel names are resolved by the caller
         finally:
             db.close()
     except UserError as exc:
         (out_dir / "error.txt").write_text(exc.message)
         return 2
+    layouts = {}
     for name, df in zip(SIDE_FRAMES, frames, strict=True):
-        df.write_ipc(out_dir / f"{name}.arrow")
-    notes = {"tables": db.missing_tables, "columns": db.missing_columns}
+        slim, layouts[name] = slim_side_frame(df)
+        slim.write_ipc(out_dir / f"{name}.arrow")
+    notes = {"tables": db.missing_tables, "columns": db.missing_columns, "layouts": layouts}
     (out_dir / "notes.json").write_text(json.dumps(notes))
     return 0
 
