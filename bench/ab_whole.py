@@ -8,64 +8,32 @@ archive <commit> | tar -x -C DIR`; a copy needs `moetune/analyzer`, `rules`, `ex
 since the editable install maps those packages to this checkout). Sides alternate, one fresh
 process each per round. Per side: median / best wall s, peak RSS as `ru_maxrss` from `wait4` (the
 largest process of the tree, the nsys reader's worker included) and as the tree's summed RSS
-sampled every 20 ms, CPU s of the tree, and the digest of every document (they must be equal).
+sampled every 10 ms (`bench_kineto.measure`), CPU s of the tree, and the digest of every document (they must be equal).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from bench_kineto import measure  # one process measurement for every bench (this folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Summed VmRSS of `pid` and its descendants."""
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            status = Path(f"/proc/{p}/status").read_text()
-            total += next(int(line.split()[1]) for line in status.splitlines()
-                          if line.startswith("VmRSS:"))
-            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
-        except (OSError, StopIteration):
-            pass
-    return total / 1024
-
-
-def run_once(root: Path, trace: Path, out: Path) -> tuple[float, float, float, float, str]:
-    """(wall s, ru_maxrss MB, tree peak MB, CPU s, document digest) of one fresh process."""
-    env = dict(os.environ, PYTHONPATH=str(root))
-    with out.open("wb") as fh:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "moetune", "diagnose", "--json", str(trace)],
-                                stdout=fh, stderr=subprocess.DEVNULL, env=env, cwd=tempfile.gettempdir())
-        peak, done = [0.0], threading.Event()
-
-        def sample() -> None:
-            while not done.is_set():
-                peak[0] = max(peak[0], tree_rss_mb(proc.pid))
-                time.sleep(0.02)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        _, status, ru = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-        done.set()
-        sampler.join()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{root}: exit {os.waitstatus_to_exitcode(status)}")
-    digest = hashlib.sha256(out.read_bytes()).hexdigest()[:12]
-    return wall, ru.ru_maxrss / 1024, peak[0], ru.ru_utime + ru.ru_stime, digest
+def run_once(root: Path, trace: Path) -> tuple[float, float, float, float, str]:
+    """(wall s, ru_maxrss MB, tree peak MB, CPU s, document digest) of one fresh process; run
+    outside the checkout, where `-m` would put this tree's `moetune/` folder first on the path."""
+    got = measure([sys.executable, "-m", "moetune", "diagnose", "--json", str(trace)],
+                  parse=False, env=dict(os.environ, PYTHONPATH=str(root)),
+                  cwd=Path(tempfile.gettempdir()))
+    return (got["process_wall_s"], got["maxrss_mb"], got["tree_peak_mb"], got["cpu_s"],
+            got["stdout_sha256"][:12])
 
 
 def main() -> int:
@@ -78,13 +46,12 @@ def main() -> int:
     runs: dict[str, list[tuple[float, float, float, float, str]]] = {k: [] for k in sides}
     load = lambda: " ".join(Path("/proc/loadavg").read_text().split()[:3])  # noqa: E731
     print(f"{time.strftime('%H:%M', time.gmtime())} UTC, load average {load()}")
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-                got = run_once(sides[name], args.trace, Path(tmp) / f"{name}.json")
-                runs[name].append(got)
-                print(f"  {name}: {got[0]:.2f} s, ru_maxrss {got[1]:,.0f} MB, tree {got[2]:,.0f} MB, "
-                      f"CPU {got[3]:.1f} s, {got[4]}", flush=True)
+    for r in range(args.rounds):
+        for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            got = run_once(sides[name], args.trace)
+            runs[name].append(got)
+            print(f"  {name}: {got[0]:.2f} s, ru_maxrss {got[1]:,.0f} MB, tree {got[2]:,.0f} MB, "
+                  f"CPU {got[3]:.1f} s, {got[4]}", flush=True)
     print(f"{time.strftime('%H:%M', time.gmtime())} UTC, load average {load()}")
     mb = args.trace.stat().st_size / 1e6
     for name, v in runs.items():

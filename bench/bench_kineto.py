@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -170,7 +171,7 @@ def worker_diagnose(path: Path, *, core: bool = False) -> dict[str, Any]:
 # --------------------------------------------------------------------------- measurement
 
 
-def _tree_rss_kb(pid: int) -> int:
+def tree_rss_kb(pid: int) -> int:
     """RSS of pid and all its descendants (Linux /proc)."""
     total, todo = 0, [pid]
     while todo:
@@ -189,19 +190,21 @@ def _tree_rss_kb(pid: int) -> int:
     return total
 
 
-def measure(cmd: list[str], timeout: float = 3600, *, parse: bool = True) -> dict[str, Any]:
+def measure(cmd: list[str], timeout: float = 3600, *, parse: bool = True,
+            env: dict[str, str] | None = None, cwd: Path = ROOT) -> dict[str, Any]:
     """Run cmd; its stdout's last line is JSON (`parse`; else stdout is only checked to be a JSON
-    document). Adds process wall, max RSS and tree peak RSS."""
+    document). Adds process wall, max RSS, tree peak RSS, CPU s of the tree and the digest of
+    stdout."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env
     )
     peak = [0]
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            peak[0] = max(peak[0], _tree_rss_kb(proc.pid))
+            peak[0] = max(peak[0], tree_rss_kb(proc.pid))
             stop.wait(0.01)
 
     th = threading.Thread(target=sample, daemon=True)
@@ -228,7 +231,9 @@ def measure(cmd: list[str], timeout: float = 3600, *, parse: bool = True) -> dic
         res = json.loads(stdout.strip().splitlines()[-1])
     else:
         res = {"document_keys": len(json.loads(stdout))}
-    res.update(process_wall_s=wall, maxrss_mb=usage.ru_maxrss / 1024, tree_peak_mb=peak[0] / 1024)
+    res.update(process_wall_s=wall, maxrss_mb=usage.ru_maxrss / 1024, tree_peak_mb=peak[0] / 1024,
+               cpu_s=usage.ru_utime + usage.ru_stime,
+               stdout_sha256=hashlib.sha256(stdout.encode()).hexdigest())
     return res
 
 

@@ -50,6 +50,12 @@ def grid_knobs(change: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any] 
     return out
 
 
+def hits(gain: Any, low: float, mid: float, high: float) -> tuple[Any, Any]:
+    """(inside the predicted range, within ±25 % of its midpoint) for a measured gain, or for an
+    array of them (elementwise)."""
+    return (low <= gain) & (gain <= high), (abs(gain - mid) <= 0.25 * abs(mid)) & (mid != 0)
+
+
 def judge(rec: dict[str, Any], start_ms: float, points: dict[str, dict[str, Any]],
           knobs: dict[str, Any]) -> dict[str, Any]:
     to = grid_knobs(rec["change"], knobs)
@@ -71,8 +77,7 @@ def judge(rec: dict[str, Any], start_ms: float, points: dict[str, dict[str, Any]
     if hit["status"] == "ok" and hit["step_ms"]:
         g = start_ms / hit["step_ms"] - 1
         row["measured"] = round(g, 4)
-        row["in_range"] = sp["low"] <= g <= sp["high"]
-        row["within_25"] = abs(g - sp["mid"]) <= 0.25 * abs(sp["mid"]) if sp["mid"] else False
+        row["in_range"], row["within_25"] = hits(g, sp["low"], sp["mid"], sp["high"])
     else:
         row["status"] = hit["status"]
     return row
@@ -99,9 +104,9 @@ def resampled(rows: list[dict[str, Any]], grid: dict[str, Any], n: int = RESAMPL
                 continue
             judged += 1
             g = meds[row["shape"], row["start"]] / meds[row["shape"], r["point"]] - 1
-            low, mid, high = r["predicted"]
-            in_range += (low <= g) & (g <= high)
-            within += np.abs(g - mid) <= 0.25 * abs(mid) if mid else 0
+            inside, close = hits(g, *r["predicted"])
+            in_range += inside
+            within += close
             r["measured_5_95"] = [round(float(x), 4) for x in np.percentile(g, [5, 95])]
     pct = lambda a: [int(x) for x in np.percentile(a, [5, 50, 95])]  # noqa: E731
     return {"resamples": n, "judged": judged, "in_range_5_50_95": pct(in_range),
