@@ -29,9 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_once(root: Path, trace: Path) -> tuple[float, float, float, float, str]:
     """(wall s, ru_maxrss MB, tree peak MB, CPU s, document digest) of one fresh process; run
     outside the checkout, where `-m` would put this tree's `moetune/` folder first on the path."""
-    got = measure([sys.executable, "-m", "moetune", "diagnose", "--json", str(trace)],
-                  parse=False, env=dict(os.environ, PYTHONPATH=str(root)),
-                  cwd=Path(tempfile.gettempdir()))
+    try:
+        got = measure([sys.executable, "-m", "moetune", "diagnose", "--json", str(trace.resolve())],
+                      parse=False, env=dict(os.environ, PYTHONPATH=str(root)),
+                      cwd=Path(tempfile.gettempdir()))
+    except RuntimeError as e:  # the failed run's own message, one line per line it wrote
+        print(f"{root}: {str(e).splitlines()[-1]}", file=sys.stderr)
+        raise SystemExit(2) from None
     return (got["process_wall_s"], got["maxrss_mb"], got["tree_peak_mb"], got["cpu_s"],
             got["stdout_sha256"][:12])
 
