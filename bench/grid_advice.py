@@ -10,7 +10,9 @@ A recommendation is judged where the grid holds the point it leads to: measured 
 predicted range or not, and within ±25 % of the predicted midpoint or not. A point's step time is a
 median over a few fresh processes whose own medians spread by up to ±30 % on this machine (host-bound
 points), so the counts are also given over bootstrap resamples of every point's runs: how far the
-judgement itself moves with the measurement. The recorded logs predate
+judgement itself moves with the measurement, and paired within the device calls that ran both
+points (`bench/grid/repeats/`): whether the spread is the machine drifting between calls (pairing
+would cancel it) or each process's own level (it would not). The recorded logs predate
 the workload's `grouped GEMM backend` line, so the contract states that backend (the environment
 has torch._grouped_mm: the workload's grouped experts run without Transformer Engine).
 """
@@ -27,6 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ROOT / "bench" / "grid" / "grid_h200.json"
+REPEATS = ROOT / "bench" / "grid" / "repeats"
 TRACES = ROOT / "fixtures" / "traces"
 RESAMPLES = 2000
 
@@ -113,6 +116,39 @@ def resampled(rows: list[dict[str, Any]], grid: dict[str, Any], n: int = RESAMPL
             "within_25_5_50_95": pct(within)}
 
 
+def paired_by_call(rows: list[dict[str, Any]], folder: Path = REPEATS) -> dict[str, int]:
+    """Each judged recommendation's gain measured within every device call that ran both its start
+    and its point (the call's runs of each, medians), written in place as `paired_gains`; counts
+    of the recommendations with such a call whose median paired gain is in range / within ±25 %."""
+    import re
+    import statistics
+
+    runs: dict[tuple[str, str], dict[int, list[float]]] = {}
+    for f in sorted(folder.glob("call*.jsonl")):
+        call = int(re.findall(r"\d+", f.stem)[0])
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("step_ms"):  # a run that failed or was cut has none
+                key = (r["shape"], r["id"].split("__")[0])
+                runs.setdefault(key, {}).setdefault(call, []).append(r["step_ms"])
+    judged = in_range = within = 0
+    for row in rows:
+        for r in row["recommendations"]:
+            if r["measured"] is None:
+                continue
+            a = runs.get((row["shape"], row["start"]), {})
+            b = runs.get((row["shape"], r["point"]), {})
+            gains = [statistics.median(a[c]) / statistics.median(b[c]) - 1
+                     for c in sorted(set(a) & set(b))]
+            r["paired_gains"] = [round(g, 4) for g in gains]
+            if gains:
+                inside, close = hits(statistics.median(gains), *r["predicted"])
+                judged += 1
+                in_range += bool(inside)
+                within += bool(close)
+    return {"judged": judged, "in_range": in_range, "within_25": within}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path)
@@ -168,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
           "{1} (5-95 %: {0}-{2})".format(*boot["in_range_5_50_95"])
           + ", within ±25 % of the midpoint {1} ({0}-{2})".format(*boot["within_25_5_50_95"])
           + f" of {boot['judged']}")
+    paired = paired_by_call(rows)
+    print(f"paired within device calls ({paired['judged']} with a call that ran both points): "
+          f"in predicted range {paired['in_range']}, within ±25 % of the midpoint "
+          f"{paired['within_25']}")
     mems = [r["memory_gib"]["error"] for row in rows for r in row["recommendations"]
             if r.get("memory_gib")]
     if mems:
