@@ -406,6 +406,9 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
         # the A/B that made an accepted candidate the baseline (a noisy start does not make a
         # quieter configuration's small wins look like noise)
         noise = opts.policy.min_gain
+        # rules whose changes an accepted candidate unlocked: tried in the next round even inside
+        # the noise band, since the enabler was ranked (and kept) for them
+        owed: set[str] = set()
         base_confirm: dict[str, Any] | None = None
         stopped: str | None = None  # why the loop ended, when not the candidate budget
         try:
@@ -424,16 +427,23 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                     log(stopped)
                     break
                 progressed = False
-                for cand in pending:
+                owed_now, owed = owed, set()
+                for i, cand in enumerate(pending):
                     if spent >= opts.budget:
                         break
                     pred = cand.get("value", cand["predicted_gain"])
-                    if cand["source"] != "user" and pred is not None and pred <= noise:
+                    if (cand["source"] != "user" and pred is not None and pred <= noise
+                            and cand["source"] not in owed_now):
+                        if any(c["source"] in owed_now for c in pending[i + 1:]):
+                            continue  # an unlocked change is still to be tried
                         # candidates come best predicted first: the rest promise no more
                         stopped = (f"the best remaining prediction ({cand['label']} "
                                    f"{pred:+.1%}) is inside the noise band ({noise:.1%})")
                         log(f"stopping: {stopped}")
                         break
+                    if cand["source"] in owed_now and pred is not None and pred <= noise:
+                        log(f"{cand['label']}: tried inside the noise band ({pred:+.1%} ≤ "
+                            f"{noise:.1%}): the accepted enabler unlocked it")
                     spent += 1
                     label = cand["label"]
                     decided.add(label)
@@ -469,6 +479,7 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                     if prior["verdict"] == "accepted":
                         base = apply_all(base, cand["changes"])
                         accepted.append(prior)
+                        owed = set(cand.get("unlocks") or ())
                         # its confirm run is a confirm-length run of the new baseline: the next
                         # rounds' confirm pairs use it instead of running the baseline again
                         ckey = (prior.get("evidence") or {}).get("confirm_run")

@@ -271,3 +271,37 @@ def test_an_accepted_confirm_run_is_the_next_confirm_baseline(tmp_path: Path) ->
     assert second["evidence"]["confirm_base_run"] == "r0:confirm:micro_batch_size=4:0"
     assert not any(k.startswith("r1:confirm-base") for k in keys)
     assert "r1:confirm:micro_batch_size=32:0" in keys
+
+
+def test_what_an_accepted_enabler_unlocked_is_tried_inside_the_noise_band(tmp_path: Path) -> None:
+    """Round 0 accepts MBS 4, which the rules rank for the change it unlocks; round 1's only
+    candidate is that change, predicted +0 % (inside any noise band): it is still A/B'd, not
+    stopped at, since the enabler was kept for it. Real profile runs, real A/Bs, the loop's own
+    recommender hook standing in for the rules' judgement of the CPU workload."""
+    pytest.importorskip("torch")
+    from moetune.executor.loop import TuneOptions, tune
+    from moetune.executor.validate import Policy, Window
+
+    seen: list[int] = []
+
+    def recommender(traces, contract, _path, *, reference_step_s=None):
+        assert traces and all(Path(t).is_file() for t in traces)  # the round's real profile
+        mbs = int(contract["megatron_args"]["micro_batch_size"])
+        seen.append(mbs)
+        if mbs == 1:
+            enabler = _rec("test.enabler", "micro_batch_size", 4, 0.5)
+            enabler.entry["unlocks"] = [{"rule": "test.unlocked",  # type: ignore[index]
+                                         "gain": {"speedup": {"mid": 0.3}}}]
+            return [enabler]
+        return [_rec("test.unlocked", "micro_batch_size", 16, 0.0)] if mbs == 4 else []
+
+    workload = WORKLOAD.replace("--global-batch-size 16", "--global-batch-size 32")
+    opts = TuneOptions(workdir=tmp_path / "runs", ledger=tmp_path / "l.db", budget=3,
+                       policy=Policy(screen_iters=6, confirm_iters=12,
+                                     confirm_window=Window(9, 12)))
+    res = tune(shlex.split(workload), opts=opts, recommender=recommender)
+    by = {d["label"]: d for d in res["decisions"]}
+    assert by["micro_batch_size=4"]["verdict"] == "accepted"
+    assert "micro_batch_size=16" in by, res["stopped"]  # tried, whatever its verdict
+    assert by["micro_batch_size=16"]["source"] == "test.unlocked"
+    assert seen[:2] == [1, 4]
