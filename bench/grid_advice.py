@@ -100,9 +100,11 @@ def resampled(rows: list[dict[str, Any]], grid: dict[str, Any], n: int = RESAMPL
                 meds[shape, p["id"]] = np.median(rng.choice(runs, (n, len(runs))), axis=1)
     in_range = np.zeros(n, dtype=int)
     within = np.zeros(n, dtype=int)
-    judged = 0
+    top_in = np.zeros(n, dtype=int)
+    top_within = np.zeros(n, dtype=int)
+    judged = tops = 0
     for row in rows:
-        for r in row["recommendations"]:
+        for i, r in enumerate(row["recommendations"]):
             if r["measured"] is None:
                 continue
             judged += 1
@@ -110,10 +112,15 @@ def resampled(rows: list[dict[str, Any]], grid: dict[str, Any], n: int = RESAMPL
             inside, close = hits(g, *r["predicted"])
             in_range += inside
             within += close
+            if i == 0 and not row["best"]:  # the change the loop tries first from this start
+                tops += 1
+                top_in += inside
+                top_within += close
             r["measured_5_95"] = [round(float(x), 4) for x in np.percentile(g, [5, 95])]
     pct = lambda a: [int(x) for x in np.percentile(a, [5, 50, 95])]  # noqa: E731
     return {"resamples": n, "judged": judged, "in_range_5_50_95": pct(in_range),
-            "within_25_5_50_95": pct(within)}
+            "within_25_5_50_95": pct(within), "tops": tops,
+            "tops_in_range_5_50_95": pct(top_in), "tops_within_25_5_50_95": pct(top_within)}
 
 
 def paired_by_call(rows: list[dict[str, Any]], folder: Path = REPEATS) -> dict[str, int]:
@@ -203,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"over {boot['resamples']} resamples of each point's runs: in predicted range "
           "{1} (5-95 %: {0}-{2})".format(*boot["in_range_5_50_95"])
           + ", within ±25 % of the midpoint {1} ({0}-{2})".format(*boot["within_25_5_50_95"])
-          + f" of {boot['judged']}")
+          + f" of {boot['judged']}; the tops: "
+          + "{1} ({0}-{2})".format(*boot["tops_in_range_5_50_95"])
+          + ", {1} ({0}-{2})".format(*boot["tops_within_25_5_50_95"]) + f" of {boot['tops']}")
     paired = paired_by_call(rows)
     print(f"paired within device calls ({paired['judged']} with a call that ran both points): "
           f"in predicted range {paired['in_range']}, within ±25 % of the midpoint "
