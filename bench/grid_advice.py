@@ -123,21 +123,35 @@ def resampled(rows: list[dict[str, Any]], grid: dict[str, Any], n: int = RESAMPL
             "tops_in_range_5_50_95": pct(top_in), "tops_within_25_5_50_95": pct(top_within)}
 
 
-def paired_by_call(rows: list[dict[str, Any]], folder: Path = REPEATS) -> dict[str, int]:
+def call_runs(grid: dict[str, Any], folder: Path = REPEATS
+              ) -> dict[tuple[str, str], dict[int, list[float]]]:
+    """(shape, point) → device call (its order) → the step times of that call's runs of the point.
+    The call files are read and checked as `grid_run.py repeats` reads them (ValueError: the one
+    line that says why one cannot be read), and the runs counted are those it folds in."""
+    from grid_run import read_call  # this folder
+
+    unmerged = {**grid, "repeat_files": []}  # every call file here was merged: read them again
+    runs: dict[tuple[str, str], dict[int, list[float]]] = {}
+    files = sorted(folder.glob("call*.jsonl"), key=lambda f: int(f.stem.removeprefix("call")))
+    for call, f in enumerate(files):
+        recs = read_call(f, unmerged)
+        if isinstance(recs, str):
+            raise ValueError(recs)
+        for r in recs:
+            if r.get("status") == "ok" and r.get("step_ms"):
+                key = (r["shape"], r["id"].partition("__rep")[0])
+                runs.setdefault(key, {}).setdefault(call, []).append(r["step_ms"])
+    return runs
+
+
+def paired_by_call(rows: list[dict[str, Any]],
+                   runs: dict[tuple[str, str], dict[int, list[float]]]) -> dict[str, int]:
     """Each judged recommendation's gain measured within every device call that ran both its start
-    and its point (the call's runs of each, medians), written in place as `paired_gains`; counts
-    of the recommendations with such a call whose median paired gain is in range / within ±25 %."""
-    import re
+    and its point (`call_runs`; the medians of each's runs in that call), written in place as
+    `paired_gains`; counts of the recommendations with such a call whose median paired gain is in
+    range / within ±25 %."""
     import statistics
 
-    runs: dict[tuple[str, str], dict[int, list[float]]] = {}
-    for f in sorted(folder.glob("call*.jsonl")):
-        call = int(re.findall(r"\d+", f.stem)[0])
-        for line in f.read_text().splitlines():
-            r = json.loads(line)
-            if r.get("step_ms"):  # a run that failed or was cut has none
-                key = (r["shape"], r["id"].split("__")[0])
-                runs.setdefault(key, {}).setdefault(call, []).append(r["step_ms"])
     judged = in_range = within = 0
     for row in rows:
         for r in row["recommendations"]:
@@ -167,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     from moetune.analysis import analyze
 
     grid = json.loads(GRID.read_text())
+    try:  # the repeat calls are read first: a bad one stops the script before the analysis
+        runs = call_runs(grid)
+    except ValueError as exc:
+        print(f"grid_advice.py: {exc}", file=sys.stderr)
+        return 2
     rows = []
     for shape, s in grid["shapes"].items():
         points = {p["id"]: p for p in s["points"]}
@@ -213,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
           + f" of {boot['judged']}; the tops: "
           + "{1} ({0}-{2})".format(*boot["tops_in_range_5_50_95"])
           + ", {1} ({0}-{2})".format(*boot["tops_within_25_5_50_95"]) + f" of {boot['tops']}")
-    paired = paired_by_call(rows)
+    paired = paired_by_call(rows, runs)
     print(f"paired within device calls ({paired['judged']} with a call that ran both points): "
           f"in predicted range {paired['in_range']}, within ±25 % of the midpoint "
           f"{paired['within_25']}")
