@@ -406,8 +406,9 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
         # the A/B that made an accepted candidate the baseline (a noisy start does not make a
         # quieter configuration's small wins look like noise)
         noise = opts.policy.min_gain
-        # rules whose changes an accepted candidate unlocked: tried in the next round even inside
-        # the noise band, since the enabler was ranked (and kept) for them
+        # rules whose changes the last accepted candidate unlocked: tried in the round after it
+        # even inside the noise band, since the enabler was ranked (and kept) for them; set when
+        # a candidate is accepted, which ends its round
         owed: set[str] = set()
         base_confirm: dict[str, Any] | None = None
         stopped: str | None = None  # why the loop ended, when not the candidate budget
@@ -427,23 +428,22 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                     log(stopped)
                     break
                 progressed = False
-                owed_now, owed = owed, set()
                 for i, cand in enumerate(pending):
                     if spent >= opts.budget:
                         break
                     pred = cand.get("value", cand["predicted_gain"])
-                    if (cand["source"] != "user" and pred is not None and pred <= noise
-                            and cand["source"] not in owed_now):
-                        if any(c["source"] in owed_now for c in pending[i + 1:]):
+                    inside = cand["source"] != "user" and pred is not None and pred <= noise
+                    if inside and cand["source"] in owed:
+                        log(f"{cand['label']}: tried inside the noise band ({pred:+.1%} ≤ "
+                            f"{noise:.1%}): the accepted enabler unlocked it")
+                    elif inside:
+                        if any(c["source"] in owed for c in pending[i + 1:]):
                             continue  # an unlocked change is still to be tried
                         # candidates come best predicted first: the rest promise no more
                         stopped = (f"the best remaining prediction ({cand['label']} "
                                    f"{pred:+.1%}) is inside the noise band ({noise:.1%})")
                         log(f"stopping: {stopped}")
                         break
-                    if cand["source"] in owed_now and pred is not None and pred <= noise:
-                        log(f"{cand['label']}: tried inside the noise band ({pred:+.1%} ≤ "
-                            f"{noise:.1%}): the accepted enabler unlocked it")
                     spent += 1
                     label = cand["label"]
                     decided.add(label)
