@@ -7,13 +7,12 @@ the run medians and how far apart they lie.
 
 from __future__ import annotations
 
-import re
 import statistics as st
 import sys
 import tarfile
 from collections import defaultdict
 
-ITER = re.compile(r"elapsed time per iteration \(ms\): ([\d.]+)")
+import grid_spec as gs  # the grid's own reading of the workload's log lines (this folder)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
             logs = {m.name.rsplit("/", 1)[-1]: tar.extractfile(m).read().decode()
                     for m in tar.getmembers() if m.isfile()}
     except (OSError, tarfile.TarError) as e:
-        print(f"{args[0]}: not a readable tar archive ({e})", file=sys.stderr)
+        why = " ".join(str(e).split())  # tarfile lists each method it tried, a line each
+        print(f"{args[0]}: not a readable tar archive ({why})", file=sys.stderr)
         return 2
     runs: dict[tuple[str, str], list[float]] = defaultdict(list)
     print(f"{'point':18} {'mode':5} run  median    p10    p90  cv")
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         if not name.endswith(".log") or name.count("__") != 2:
             continue
         point, mode, rep = name[:-4].split("__")
-        times = [float(x) for x in ITER.findall(text)][4:]
+        times = gs.parse_log(text, 0)["iter_ms"][4:]
         if len(times) < 3:
             print(f"{point:18} {mode:5} {rep:>3}  too few iterations ({len(times)})")
             continue

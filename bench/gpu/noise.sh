@@ -6,7 +6,8 @@
 #   REPS=3 ITERS=30 bash bench/gpu/noise.sh
 #
 # Outputs under $OUT: summary.txt (host facts: CPUs, the GPU's CPU affinity, cgroup quota and
-# throttling), noise_logs.tar.gz (every run's log). Here: python bench/noise_report.py DIR
+# throttling), noise_logs.tar.gz (every run's log). Here: python bench/noise_report.py
+# noise_logs.tar.gz
 W=${W:-/tmp/noise}; source bench/gpu/env.sh
 H="--num-layers 3 --hidden-size 512 --num-attention-heads 8 --ffn-hidden-size 2048 --num-experts 48 --moe-router-topk 6 --moe-ffn-hidden-size 512 --seq-length 1024 --global-batch-size 8 --vocab-size 32000 --moe-token-dispatcher-type alltoall --bf16"
 declare -A P=(
