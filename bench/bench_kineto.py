@@ -171,7 +171,7 @@ def worker_diagnose(path: Path, *, core: bool = False) -> dict[str, Any]:
 # --------------------------------------------------------------------------- measurement
 
 
-def tree_rss_kb(pid: int) -> int:
+def _tree_rss_kb(pid: int) -> int:
     """RSS of pid and all its descendants (Linux /proc)."""
     total, todo = 0, [pid]
     while todo:
@@ -204,7 +204,7 @@ def measure(cmd: list[str], timeout: float = 3600, *, parse: bool = True,
 
     def sample() -> None:
         while not stop.is_set():
-            peak[0] = max(peak[0], tree_rss_kb(proc.pid))
+            peak[0] = max(peak[0], _tree_rss_kb(proc.pid))
             stop.wait(0.01)
 
     th = threading.Thread(target=sample, daemon=True)

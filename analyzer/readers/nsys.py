@@ -161,7 +161,7 @@ def _read(db: Db, path: Path, first_rank: int) -> Trace:
     strings = _strings(db)
     side = _start_side_fetch(db) if _worth_a_worker(db) else None
     if side is None:
-        kernels, graphs, memsets, memcpys = _gpu_side(db, strings)
+        (kernels, graphs), (memsets, memcpys) = _worker_share(db, strings), _copies(db)
     try:
         runtime = _runtime(db, strings)
         nvtx = _nvtx(db, strings)
@@ -307,13 +307,6 @@ def _worth_a_worker(db: Db) -> bool:
         if db.has(t, warn=False):  # max(rowid): O(log n); nsys tables are append-only
             rows += int(db.scalar(f'SELECT coalesce(max(rowid), 0) FROM "{t}"') or 0)
     return rows >= PARALLEL_MIN_ROWS
-
-
-def _gpu_side(
-    db: Db, strings: pl.DataFrame | None
-) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """The GPU tables: kernels, graph replays, memsets, memcpys."""
-    return *_worker_share(db, strings), *_copies(db)
 
 
 def _worker_share(db: Db, strings: pl.DataFrame | None) -> tuple[pl.DataFrame, pl.DataFrame]:
