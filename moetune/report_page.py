@@ -1,0 +1,603 @@
+"""The HTML report's page: `render` turns `ReportData` (moetune/report.py, which reads the run) into
+one self-contained HTML string, plotly.js inlined once, every chart a div calling it. Pure: no
+file is read here. Every string that came from a trace or a ledger passes `redact_text`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from moetune.redact import redact_text
+from moetune.report import (
+    LANE_BINS,
+    LANE_MAX_BOXES,
+    MAX_LANES,
+    MEMORY_KIND_COLORS,
+    MEMORY_POINTS,
+    PATH_LANE,
+    PATH_MAX_BOXES,
+    TOP_EDGES,
+    TOP_N,
+    WALL_COLORS,
+    PlotlyMissing,
+    short,
+)
+from moetune.resources import data as data_file
+from moetune.vocabulary import WALLS
+
+if TYPE_CHECKING:
+    from moetune.report import ReportData, Timeline
+
+def plotly_modules() -> tuple[Any, Any]:
+    """plotly's graph_objects and offline modules, or a one-line PlotlyMissing."""
+    try:
+        import plotly.graph_objects as go
+        import plotly.offline as po
+    except ImportError:
+        raise PlotlyMissing("the report needs plotly: pip install 'moetune[report]'") from None
+    return go, po
+
+
+def render(data: ReportData) -> str:
+    """One HTML document: plotly.js inlined once, every chart a div calling it."""
+    go, po = plotly_modules()
+    page = _Page(go)
+    an = data.analysis
+    d = an.diagnosis if an is not None else None
+    page.run_section(data, d)
+    if d is not None:
+        page.walls_section(d)
+        page.timeline_section(data.timeline, d)
+        page.kernels_section(d, data.cpu_ops)
+        page.ranks_section(d)
+        page.memory_section(d, data.memory, data.memory_binned, data.timeline)
+    page.audit_section(an.audit if an is not None else None, data.contract_given,
+                       diagnosed=d is not None)
+    page.advice_section(data.advice, data.advice_problem, d is not None)
+    page.ledger_section(data)
+    if data.baseline is not None:
+        page.baseline_section(data.baseline, data)
+    return page.html(po.get_plotlyjs(), title=_title(data))
+
+
+def _title(data: ReportData) -> str:
+    shown = ", ".join(data.files[:3]) + (f" +{len(data.files) - 3}" if len(data.files) > 3 else "")
+    return f"moetune report · {redact_text(shown)}"
+
+
+def _e(x: Any) -> str:
+    """Trace- or ledger-derived text for the page: credentials redacted, HTML escaped."""
+    return html.escape(redact_text("" if x is None else str(x)))
+
+
+def _r(x: Any) -> str:
+    """Text for a chart label (plotly escapes it itself)."""
+    return redact_text("" if x is None else str(x))
+
+
+def _ms(s: float | None) -> str:
+    return "—" if s is None else f"{s * 1e3:,.2f} ms"
+
+
+def _pct(x: float | None, signed: bool = False) -> str:
+    if x is None:
+        return "—"
+    return f"{x * 100:+.1f} %" if signed else f"{x * 100:.1f} %"
+
+
+class _Page:
+    """Sections appended in order; each chart becomes a div with a stable id."""
+
+    def __init__(self, go: Any) -> None:
+        self.go = go
+        self.parts: list[str] = []
+        self.toc: list[tuple[str, str]] = []
+
+    # ---- building blocks
+
+    def section(self, sid: str, title: str, body: str, note: str | None = None) -> None:
+        self.toc.append((sid, title))
+        extra = f'<p class="note">{note}</p>' if note else ""
+        self.parts.append(f'<section id="{sid}"><h2>{html.escape(title)}</h2>{body}{extra}</section>')
+
+    def chart(self, cid: str, fig: Any, height: int = 320) -> str:
+        fig.update_layout(height=height, margin={"l": 60, "r": 20, "t": 30, "b": 40},
+                          template="plotly_white", font={"size": 12},
+                          legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0,
+                                  "traceorder": "normal"})
+        fig.update_yaxes(automargin=True)
+        fig.update_xaxes(automargin=True)
+        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"chart-{cid}",
+                          config={"displaylogo": False, "responsive": True})
+        return f'<div class="chart" data-chart="{cid}">{div}</div>'
+
+    @staticmethod
+    def missing(text: str) -> str:
+        return f'<p class="missing">{text}</p>'
+
+    @staticmethod
+    def table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
+        th = "".join(f"<th>{h}</th>" for h in head)
+        body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+        return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+
+    def html(self, plotlyjs: str, *, title: str) -> str:
+        toc = "".join(f'<a href="#{sid}">{html.escape(t)}</a>' for sid, t in self.toc)
+        return (
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{html.escape(title)}</title><style>{_css()}</style>"
+            f"<script>{plotlyjs}</script></head><body>"
+            f"<header><h1>{html.escape(title)}</h1><nav>{toc}</nav></header><main>"
+            + "".join(self.parts) + "</main><footer>moetune · charts by plotly.js, inlined: "
+            "this page opens offline</footer></body></html>\n"
+        )
+
+    # ---- sections
+
+    def run_section(self, data: ReportData, d: Mapping[str, Any] | None) -> None:
+        cards = []
+        if d is not None:
+            w = d.get("window") or {}
+            steps = d.get("steps") or []
+            cards = [("median step", _ms(d.get("step_time_s"))),
+                     ("dominant wall", d.get("dominant_wall") or "—"),
+                     ("ranks analysed", str(len(d.get("ranks_analyzed") or []))),
+                     ("steps analysed", _steps_text(steps)),
+                     ("steps from", w.get("step_source") or "—")]
+            cp = d.get("critical_path") or {}
+            if cp.get("paced_by"):
+                cards.append(("paced by", cp["paced_by"]))
+        body = "".join(f'<div class="card"><div class="k">{html.escape(k)}</div>'
+                       f'<div class="v">{_e(v)}</div></div>' for k, v in cards)
+        body = f'<div class="cards">{body}</div>' if body else ""
+        if data.problem:
+            body += self.missing(f"No diagnosis: {_e(data.problem)}. The sections that need steps "
+                                 "(walls, timeline, kernels, ranks, memory, advice) are left out.")
+        if d is not None:
+            w = d.get("window") or {}
+            dropped = w.get("dropped_incomplete") or []
+            body += (f"<p>Steady window: {_e(w.get('declared') or 'all complete steps')}; steps "
+                     f"found {_e(_steps_text(w.get('steps_found') or []))}"
+                     + (f", dropped as incomplete {_e(_steps_text(dropped))}" if dropped else "")
+                     + ".</p>")
+        rows = [[_e(m["rank"]), _e(m["file"]), _e(m["format"]), _e(m["device"] or "—"),
+                 _e(f"{m['memory_gib']:.1f} GiB" if m["memory_gib"] else "—"), _e(m["sms"] or "—"),
+                 _e(m["world_size"] or "—"), _e(m["backend"] or "—"), _e(m["nccl"] or "—")]
+                for m in data.metadata]
+        if rows:
+            body += self.table(["rank", "file", "format", "GPU", "memory", "SMs", "world size",
+                                "backend", "NCCL"], rows, "meta")
+        warnings = (d or {}).get("warnings") or []
+        if warnings:
+            body += "<details><summary>" + f"{len(warnings)} warning(s)</summary><ul>" + "".join(
+                f"<li>{_e(x)}</li>" for x in warnings) + "</ul></details>"
+        self.section("run", "The run", body, note="Metadata shown: the readers' whitelist (device, "
+                     "distributed info), credential-shaped text redacted.")
+
+    def walls_section(self, d: Mapping[str, Any]) -> None:
+        go = self.go
+        rows = d.get("per_step") or []
+        multi = len({r["rank"] for r in rows}) > 1
+        xs = [f"r{r['rank']} s{r['step']}" if multi else f"step {r['step']}" for r in rows]
+        fig = go.Figure()
+        for w in WALLS:
+            fig.add_bar(name=w, x=xs, y=[r["wall_s"] * r["walls"][w] * 1e3 for r in rows],
+                        marker_color=WALL_COLORS[w],
+                        hovertemplate="%{x}<br>" + w + " %{y:.2f} ms<extra></extra>")
+        fig.update_layout(barmode="stack", yaxis_title="ms (exposed)", xaxis_type="category")
+        body = '<div class="row">' + self.chart("walls-per-step", fig)
+        det = d.get("wall_detail") or {}
+        fig2 = go.Figure()
+        fig2.add_bar(name="exposed", x=list(WALLS), y=[det.get(w, {}).get("exposed_s", 0) * 1e3
+                                                       for w in WALLS],
+                     marker_color=[WALL_COLORS[w] for w in WALLS])
+        fig2.add_bar(name="hidden (overlapped by compute)", x=list(WALLS),
+                     y=[max(0.0, det.get(w, {}).get("hidden_s", 0)) * 1e3 for w in WALLS],
+                     marker_color=[WALL_COLORS[w] for w in WALLS], marker_pattern_shape="/",
+                     opacity=0.45)
+        fig2.update_layout(barmode="stack", yaxis_title="ms in the median step")
+        body += self.chart("walls-exposed-hidden", fig2) + "</div>"
+        self.section("walls", "Walls per step", body,
+                     note="Left: each analysed step's time split by the wall that held the GPU "
+                     "(exposed time; sums to the step). Right: the median step, exposed beside "
+                     "hidden (work that ran under compute and cost no step time).")
+
+    def timeline_section(self, tl: Timeline | None, d: Mapping[str, Any]) -> None:
+        if tl is None:
+            self.section("timeline", "Median step timeline",
+                         self.missing("No timeline: the median step has no GPU work in the trace "
+                                      "frames."))
+            return
+        go = self.go
+        fig = go.Figure()
+        lanes = [PATH_LANE, *tl.lanes]
+        shown: set[str] = set()
+        for w in (*WALLS, "other"):
+            b = tl.boxes.filter(pl.col("wall") == w)
+            p = tl.path.filter(pl.col("wall") == w)
+            ys = [PATH_LANE] * p.height + b["lane"].to_list()
+            if not ys:
+                continue
+            starts = p["start"].to_list() + b["start"].to_list()
+            durs = ((p["end"] - p["start"]).to_list() + (b["end"] - b["start"]).to_list())
+            labels = [_r(short(x, 120)) for x in p["label"].to_list() + b["label"].to_list()]
+            fig.add_bar(name=w, orientation="h", y=ys, base=[s / 1e6 for s in starts],
+                        x=[max(x, 1) / 1e6 for x in durs], marker_color=WALL_COLORS[w],
+                        marker_line_width=0, showlegend=w not in shown,
+                        # plotly's %{x} of a bar with a base is its end: the length goes along
+                        customdata=[[lab, s / 1e6, d / 1e3] for lab, s, d
+                                    in zip(labels, starts, durs, strict=True)],
+                        hovertemplate="%{customdata[0]}<br>at %{customdata[1]:.3f} ms, lasting "
+                                      "%{customdata[2]:,.1f} µs<extra>" + w + "</extra>")
+            shown.add(w)
+        for e in tl.edges:
+            # the awaited communication's time on the path, as a band over every lane
+            fig.add_vrect(x0=e["src_start"] / 1e6, x1=e["src_end"] / 1e6, fillcolor="#f58518",
+                          opacity=0.13, line_width=0, layer="below")
+            if e["src_lane"] != e["dst_lane"]:
+                fig.add_annotation(x=e["dst_start"] / 1e6, y=e["dst_lane"],
+                                   ax=e["src_end"] / 1e6, ay=e["src_lane"], xref="x", yref="y",
+                                   axref="x", ayref="y", showarrow=True, arrowhead=2,
+                                   arrowwidth=1.2, arrowcolor="#222", text="")
+        if tl.edges:
+            fig.add_scatter(name="blocking wait", mode="markers",
+                            x=[e["dst_start"] / 1e6 for e in tl.edges],
+                            y=[e["dst_lane"] for e in tl.edges],
+                            marker={"symbol": "triangle-right", "size": 11, "color": "#222"},
+                            customdata=[[_r(e["label"]), e["on_path"] / 1e6] for e in tl.edges],
+                            hovertemplate="%{customdata[0]}<br>%{customdata[1]:.3f} ms on the "
+                                          "critical path<extra>blocking</extra>")
+        fig.update_layout(barmode="overlay", bargap=0.25, xaxis_title="ms from the step's start",
+                          yaxis={"categoryorder": "array", "categoryarray": lanes[::-1],
+                                 "type": "category"},
+                          dragmode="zoom", hovermode="closest")
+        height = 160 + 34 * len(lanes)
+        notes = [f"Rank {tl.rank}, step {tl.step}, {tl.length_ns / 1e6:,.2f} ms: drag to zoom, "
+                 "double-click to reset. Top lane: the critical path (what set the step's length), "
+                 "runs of one wall merged. Shaded bands and ▶: the longest blocking waits "
+                 f"(communication on the path that the marked op waited for; up to {TOP_EDGES}), "
+                 "an arrow where the waiter is on another lane."]
+        if tl.merged:
+            notes.append("Downsampled: " + ", ".join(
+                f"{_e(k)} ({v:,} events)" for k, v in sorted(tl.merged.items()))
+                + f" shown as {LANE_BINS} time bins each (over {LANE_MAX_BOXES} events in a lane, "
+                f"{PATH_MAX_BOXES} on the critical path), "
+                "each coloured by its busiest wall; hover for counts.")
+        if tl.lanes_dropped:
+            notes.append(f"{tl.lanes_dropped} quieter lane(s) not shown (at most {MAX_LANES}).")
+        self.section("timeline", "Median step timeline",
+                     self.chart("timeline", fig, height=height), note=" ".join(notes))
+
+    def kernels_section(self, d: Mapping[str, Any], ops: pl.DataFrame | None) -> None:
+        go = self.go
+        ev = d.get("evidence") or {}
+        classes = sorted(((k, v) for k, v in (ev.get("classes") or {}).items()),
+                         key=lambda kv: -kv[1]["time_s"])
+        nsteps = max(1, len(d.get("per_step") or []))
+        body = '<div class="row">'
+        if classes:
+            top = classes[:TOP_N][::-1]
+            fig = go.Figure()
+            fig.add_bar(orientation="h", y=[_r(k) for k, _ in top],
+                        x=[v["time_s"] / nsteps * 1e3 for _, v in top],
+                        marker_color=[WALL_COLORS.get(v.get("wall") or "other", "#999") for _, v in top],
+                        customdata=[v["count"] for _, v in top],
+                        hovertemplate="%{y}: %{x:.3f} ms/step, %{customdata} launches<extra></extra>")
+            fig.update_layout(xaxis_title="ms per step (GPU time)", showlegend=False)
+            body += self.chart("kernel-classes", fig, height=120 + 22 * len(top))
+        if ops is not None and ops.height:
+            o = ops.reverse()
+            fig = go.Figure()
+            fig.add_bar(orientation="h", y=[_r(short(n, 48)) for n in o["name"].to_list()],
+                        x=[t * 1e3 for t in o["per_step_s"].to_list()], marker_color="#e45756",
+                        customdata=o["per_step"].to_list(),
+                        hovertemplate="%{y}: %{x:.3f} ms/step, %{customdata:.0f} calls<extra></extra>")
+            fig.update_layout(xaxis_title="ms per step (CPU, inclusive)", showlegend=False)
+            body += self.chart("cpu-ops", fig, height=120 + 22 * o.height)
+        else:
+            body += self.missing("No CPU ops in the analysed steps (an nsys export, or a profile "
+                                 "without record_shapes/cpu_op rows).")
+        body += "</div>"
+        tk = ev.get("top_kernels") or []
+        if tk:
+            body += "<h3>Top kernels</h3>" + self.table(
+                ["kernel", "class", "launches", "time / step"],
+                [[f'<span class="mono">{_e(short(k.get("name") or "?", 110))}</span>',
+                  _e(k.get("kclass")), _e(k["count"]), _ms(k["time_s"] / nsteps)] for k in tk])
+        copies = ev.get("copies") or {}
+        rows = [(direction, mem, v) for direction, mems in sorted(copies.items())
+                for mem, v in sorted(mems.items())]
+        if rows:
+            fig = go.Figure()
+            for mem in sorted({m for _, m, _ in rows}):
+                sel = [(dr, v) for dr, m, v in rows if m == mem]
+                fig.add_bar(name=mem, x=[dr for dr, _ in sel],
+                            marker_color=MEMORY_KIND_COLORS.get(mem, "#bab0ac"),
+                            y=[v["time_s"] / nsteps * 1e3 for _, v in sel],
+                            customdata=[[v["count"], v["bytes"] / 2**20] for _, v in sel],
+                            hovertemplate="%{x} " + mem + ": %{y:.3f} ms/step, %{customdata[0]} "
+                            "copies, %{customdata[1]:.1f} MiB<extra></extra>")
+            fig.update_layout(barmode="group", yaxis_title="ms per step")
+            table = self.table(["direction", "memory", "copies / step", "MiB / step", "time / step"],
+                               [[_e(dr), _e(m), f"{v['count'] / nsteps:,.1f}",
+                                 f"{v['bytes'] / 2**20 / nsteps:,.2f}", _ms(v["time_s"] / nsteps)]
+                                for dr, m, v in rows])
+            body += ("<h3>Copies by direction and memory kind</h3><div class=\"row\">"
+                     + self.chart("copies", fig, 240) + table + "</div>")
+        else:
+            body += self.missing("No copies in the analysed steps.")
+        self.section("kernels", "Kernels, CPU ops and copies", body,
+                     note=f"Top {TOP_N} kernel classes (coloured by wall) and CPU ops; CPU time is "
+                     "inclusive (an op's children count in it too). Per step: totals over the "
+                     "analysed steps divided by their number.")
+
+    def ranks_section(self, d: Mapping[str, Any]) -> None:
+        rk = d.get("ranks")
+        n = len(d.get("ranks_analyzed") or [])
+        if not rk:
+            self.section("ranks", "Across ranks", self.missing(
+                f"{'One rank' if n <= 1 else f'{n} ranks'} analysed: no cross-rank view (give "
+                "every rank's trace, or a directory of them, to compare ranks)."))
+            return
+        go = self.go
+        by = rk.get("step_time_s_by_rank") or {}
+        strag = {str(s.get("rank")) if isinstance(s, Mapping) else str(s)
+                 for s in rk.get("stragglers") or []}
+        xs = sorted(by, key=int)
+        fig = go.Figure()
+        fig.add_bar(x=[f"rank {r}" for r in xs], y=[by[r] * 1e3 for r in xs],
+                    marker_color=["#e45756" if r in strag else "#4c78a8" for r in xs],
+                    hovertemplate="%{x}: %{y:.2f} ms<extra></extra>")
+        fig.update_layout(yaxis_title="median step, ms", showlegend=False)
+        body = '<div class="row">' + self.chart("rank-step-times", fig, 280)
+        sk = rk.get("collective_arrival_skew_s") or {}
+        bc = sorted((sk.get("by_collective") or {}).items(), key=lambda kv: -kv[1].get("max", 0))
+        if bc:
+            top = bc[:TOP_N][::-1]
+            fig2 = go.Figure()
+            ys = [_r(_collective(k)) for k, _ in top]
+            fig2.add_bar(name="p50", orientation="h", y=ys,
+                         x=[v.get("p50", 0) * 1e3 for _, v in top], marker_color="#72b7b2")
+            fig2.add_bar(name="max", orientation="h", y=ys,
+                         x=[v.get("max", 0) * 1e3 for _, v in top], marker_color="#f58518")
+            fig2.update_layout(barmode="group", xaxis_title="arrival skew, ms")
+            body += self.chart("arrival-skew", fig2, 120 + 30 * len(top))
+        body += "</div>"
+        body += (f"<p>Stragglers ({_e(rk.get('straggler_rule') or '')}): "
+                 f"{_e(', '.join(f'rank {s}' for s in sorted(strag, key=int)) or 'none')}. "
+                 f"Collective arrival skew over {_e(sk.get('instances', 0))} instances: p50 "
+                 f"{_ms(sk.get('p50'))}, max {_ms(sk.get('max'))}.</p>")
+        self.section("ranks", "Across ranks", body,
+                     note="Skew: how much later the last rank reached each collective than the "
+                     "first (clocks aligned on collective ends).")
+
+    def memory_section(self, d: Mapping[str, Any], curve: pl.DataFrame | None, binned: bool,
+                       tl: Timeline | None) -> None:
+        m = d.get("memory") or {}
+        body = ""
+        if m.get("peak_allocated_gib") is not None:
+            body += (f"<p>Peak allocated {m['peak_allocated_gib']:.2f} GiB, reserved "
+                     f"{m.get('peak_reserved_gib') or 0:.2f} GiB of "
+                     f"{m.get('device_gib') or 0:.1f} GiB (source: {_e(m.get('source'))}).</p>")
+        if curve is None:
+            body += self.missing("No allocator events in this step: profile with "
+                                 "profile_memory=True (Kineto) to see memory over the step.")
+            self.section("memory", "Device memory", body)
+            return
+        go = self.go
+        fig = go.Figure()
+        fig.add_scatter(name="allocated", x=curve["t_ms"].to_list(),
+                        y=curve["allocated_gib"].to_list(), mode="lines", line_shape="hv",
+                        line_color="#4c78a8")
+        fig.add_scatter(name="reserved", x=curve["t_ms"].to_list(),
+                        y=curve["reserved_gib"].to_list(), mode="lines", line_shape="hv",
+                        line_color="#9d9d9d")
+        fig.update_layout(xaxis_title="ms from the step's start", yaxis_title="GiB")
+        where = f" (rank {tl.rank}, step {tl.step})" if tl else ""
+        note = "The caching allocator's totals after each event" + where + "."
+        if binned:
+            note += f" Downsampled: the maximum per time bin ({MEMORY_POINTS} bins)."
+        self.section("memory", "Device memory", body + self.chart("memory", fig, 280), note=note)
+
+    def audit_section(self, audit: Mapping[str, Any] | None, has_contract: bool, *,
+                      diagnosed: bool) -> None:
+        if audit is None:
+            if not has_contract:
+                why = "No contract given (--contract FILE): nothing claimed, nothing audited."
+            elif not diagnosed:
+                why = ("Not audited: the claims are checked against the analysed steps, and "
+                       "there are none.")
+            else:
+                why = "The contract claims nothing the trace can check."
+            self.section("audit", "Audit of claims", self.missing(why))
+            return
+        doc = audit.get("document", audit)
+        s = doc.get("summary") or {}
+        rows = []
+        for key, v in sorted((doc.get("verdicts") or {}).items()):
+            verdict = v.get("verdict") or "?"
+            rows.append([_e(v.get("title") or key),
+                         f'<span class="mono">{_pairs(v.get("claimed"))}</span>',
+                         f'<span class="v-{_e(verdict)}">{_e(verdict)}</span>',
+                         _e(v.get("reason")),
+                         f'<span class="mono small">{_pairs(v.get("evidence"))}</span>'])
+        body = (f"<p>{s.get('confirmed', 0)} confirmed, {s.get('contradicted', 0)} contradicted, "
+                f"{s.get('unobservable', 0)} unobservable"
+                + (f"; not audited: {_e(', '.join(s.get('unaudited') or []))}" if s.get("unaudited") else "")
+                + ".</p>")
+        body += self.table(["claim", "claimed", "verdict", "why", "evidence"], rows, "audit")
+        self.section("audit", "Audit of claims", body)
+
+    def advice_section(self, advice: Mapping[str, Any] | None, problem: str | None,
+                       diagnosed: bool) -> None:
+        if advice is None:
+            why = problem or ("no diagnosis to advise on" if not diagnosed else "no advice")
+            self.section("advice", "Recommendations", self.missing(f"No recommendations: {_e(why)}."))
+            return
+        recs = advice.get("recommendations") or []
+        body = ""
+        if not recs:
+            body += self.missing(f"No rule fired ({advice.get('rules_checked', '?')} checked).")
+        for r in recs:
+            g = r.get("gain") or {}
+            sp = g.get("speedup") or {}
+            flags = [*(r.get("megatron_flags") or []),
+                     *(f"remove {f}" for f in r.get("remove_flags") or [])]
+            body += (
+                f'<article class="rec"><h3>{_e(r.get("rank"))}. {_e(r.get("title"))}</h3>'
+                f'<p class="meta"><span class="wall w-{_e(r.get("wall"))}">{_e(r.get("wall"))}</span>'
+                f' {_e(r.get("rule"))} · {_e(r.get("status"))} · confidence '
+                f'{_e(r.get("confidence"))}</p>'
+                f'<pre>{_e(chr(10).join(flags) or "(no flag)")}</pre>'
+                f'<p>Predicted gain <b>{_pct(sp.get("mid"), True)}</b> (range '
+                f'{_pct(sp.get("low"), True)} to {_pct(sp.get("high"), True)}). '
+                f'Basis: {_e(g.get("basis"))}</p></article>')
+        blocked = (advice.get("prerequisites") or []) + (advice.get("blocked") or [])
+        if blocked:
+            body += "<details><summary>" + f"{len(blocked)} more, blocked or needing a " \
+                "prerequisite</summary><ul>" + "".join(
+                    f"<li>{_e(b.get('title'))} ({_e(b.get('rule'))}): "
+                    f"{_e('; '.join(b.get('needs') or b.get('reasons') or []))}</li>"
+                    for b in blocked) + "</ul></details>"
+        self.section("advice", "Recommendations", body,
+                     note="Ranked by predicted gain; one knob each. Flags are Megatron-LM spellings "
+                     "(NAME=value: environment).")
+
+    def ledger_section(self, data: ReportData) -> None:
+        if data.ledger is None and data.ledger_problem is None:
+            return
+        if data.ledger is None:
+            self.section("ledger", "Tune history",
+                         self.missing(f"No tune history: {_e(data.ledger_problem)}."))
+            return
+        go = self.go
+        decs = data.ledger.get("decisions") or []
+        runs = data.ledger.get("runs") or []
+        body = (f"<p>Ledger {_e(data.ledger_name)}: {len(data.ledger.get('sessions') or [])} "
+                f"session(s), {len(runs)} run(s), {len(decs)} decision(s).</p>")
+        if decs:
+            xs = [f"{i + 1}. {_r(x['label'])}" for i, x in enumerate(decs)]
+            fig = go.Figure()
+            fig.add_bar(name="measured (± noise)", x=xs,
+                        y=[(x["measured_gain"] or 0) * 100 for x in decs],
+                        error_y={"type": "data", "array": [(x["noise"] or 0) * 100 for x in decs],
+                                 "visible": True},
+                        marker_color=["#54a24b" if x["verdict"] == "accepted" else "#bab0ac"
+                                      for x in decs])
+            fig.add_scatter(name="predicted", x=xs,
+                            y=[x["predicted_gain"] * 100 if x["predicted_gain"] is not None
+                               else None for x in decs],
+                            mode="markers", marker={"symbol": "diamond", "size": 11,
+                                                    "color": "#222"})
+            fig.update_layout(yaxis_title="step-time gain, %", xaxis_type="category")
+            body += self.chart("ledger", fig, 300)
+            body += self.table(
+                ["#", "change", "rule", "predicted", "measured", "noise", "verdict", "cause"],
+                [[str(i + 1), f'<span class="mono">{_e(x["label"])}</span>', _e(x["source"]),
+                  _pct(x["predicted_gain"], True), _pct(x["measured_gain"], True),
+                  "±" + _pct(x["noise"]), f'<span class="v-{_e(x["verdict"])}">'
+                  f'{_e(x["verdict"])}</span>', _e(x["cause"] or "")]
+                 for i, x in enumerate(decs)])
+        else:
+            body += self.missing("The ledger holds no decision yet.")
+        self.section("ledger", "Tune history", body,
+                     note="Gain = baseline step time / candidate step time − 1; noise: the band "
+                     "the validation measured around it (docs/executor.md).")
+
+    def baseline_section(self, base: ReportData, cur: ReportData) -> None:
+        d = cur.diff
+        if d is None:
+            missing = "the baseline" if base.analysis is None else "this run"
+            why = (base.problem if base.analysis is None else cur.problem) or "no diagnosis"
+            self.section("baseline", "Against the baseline",
+                         self.missing(f"No comparison: {missing} has no diagnosis ({_e(why)})."))
+            return
+        go = self.go
+        st = d["step_time"]
+        a, b = st["a"], st["b"]
+        body = ""
+        for w in d.get("warnings") or []:
+            body += f'<p class="missing">{_e(w)}</p>'
+        verdict = ("beyond both runs' noise" if st.get("beyond_noise")
+                   else "within the runs' noise: not a change")
+        if min(a.get("n") or 0, b.get("n") or 0) < 2:
+            verdict += " (one analysed step on a side: its noise is unknown)"
+
+        def pm(x: Mapping[str, Any]) -> str:
+            return f" ± {_ms(x['noise_s'])}" if (x.get("n") or 0) >= 2 else ""
+
+        body += (f"<p>Baseline {_e(', '.join(d['a']['inputs']))} (steps "
+                 f"{_e(_steps_text(d['a']['steps']))}): median step {_ms(a['median_s'])}{pm(a)}; "
+                 f"this run {_ms(b['median_s'])}{pm(b)}: "
+                 f"<b>{_pct((st.get('delta_pct') or 0) / 100, True)}</b>, {verdict}. Dominant "
+                 f"wall {_e(d['dominant_wall']['a'])} → {_e(d['dominant_wall']['b'])}.</p>")
+        fig = go.Figure()
+        for w in WALLS:
+            pair = d["walls"][w]
+            fig.add_bar(name=w, x=["baseline", "this run"], marker_color=WALL_COLORS[w],
+                        y=[(pair["a"] or 0) * 1e3, (pair["b"] or 0) * 1e3])
+        fig.update_layout(barmode="stack", yaxis_title="exposed, ms per median step")
+        rows = [[_e(c["kclass"]), _e(c["status"]), _ms(c["a_s"]), _ms(c["b_s"]),
+                 _ms(c["delta_s"])] for c in d.get("classes") or []]
+        body += ('<div class="row">' + self.chart("baseline", fig, 300)
+                 + self.table(["kernel class", "", "baseline / step", "this run / step", "Δ"],
+                              rows) + "</div>")
+        for key, title in (("kernels", "Kernels"), ("ops", "Host ops (self time)")):
+            named = d.get(key) or []
+            if named:
+                body += f"<h3>{title} that changed most</h3>" + self.table(
+                    ["name", "", "baseline / step", "this run / step", "Δ"],
+                    [[f'<span class="mono">{_e(short(n.get("name") or "?", 110))}</span>',
+                      _e(n["status"]), _ms(n["a_s"]), _ms(n["b_s"]), _ms(n["delta_s"])]
+                     for n in named])
+        news = [o["text"] for o in d.get("observed") or []] + [
+            x["text"] for x in d.get("audit") or []]
+        mem = d.get("memory") or {}
+        pk = mem.get("peak_allocated_gib") or {}
+        if pk.get("a") is not None or pk.get("b") is not None:
+            news.append(f"peak allocated memory: {_gib(pk.get('a'))} → {_gib(pk.get('b'))}")
+        for role, pair in sorted((d.get("comm_groups") or {}).items()):
+            news.append(f"communication, {role}: {_ms(pair.get('a'))} → {_ms(pair.get('b'))} "
+                        "per step")
+        if news:
+            body += "<h3>What else changed</h3><ul>" + "".join(
+                f"<li>{_e(x)}</li>" for x in news) + "</ul>"
+        self.section("baseline", "Against the baseline", body,
+                     note="What moetune diff says of the baseline and this run (docs/diff.md); noise: "
+                     "half the range of each run's analysed step times.")
+
+
+def _gib(x: float | None) -> str:
+    return "unknown" if x is None else f"{x:.2f} GiB"
+
+
+def _collective(key: str) -> str:
+    """`28:_allgather_base` (process group : collective) → `_allgather_base (group 28)`."""
+    pg, _, coll = key.partition(":")
+    return f"{coll} (group {pg})" if coll else key
+
+
+def _pairs(m: Mapping[str, Any] | None) -> str:
+    """`key=value, …`: keys are moetune's own vocabulary (a name like moe_token_dispatcher_type
+    must not read as a credential assignment), values are checked for credentials."""
+    return ", ".join(f"{html.escape(k)}={_e(json.dumps(x))}" for k, x in (m or {}).items())
+
+
+def _steps_text(ids: Sequence[int]) -> str:
+    ids = list(ids)
+    if not ids:
+        return "none"
+    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}–{ids[-1]}"
+    return ", ".join(map(str, ids))
+
+
+def _css() -> str:
+    """The page's style sheet (moetune/data/report.css), inlined: the page opens offline."""
+    return data_file("moetune", "data", "report.css").read_text(encoding="utf-8")
