@@ -1,0 +1,179 @@
+"""The real-trainer grid as data: NVIDIA Megatron-LM's own `pretrain_gpt.py` at a pinned commit, two
+MoE shapes, the knobs, the mis-tuned start, and how a point's command is spelled (issue #27 item 6).
+
+Shared by the device driver (`bench/mlm_grid.py run`, under `bench/gpu/mlm_grid.sh`) and the
+analysis here (`bench/mlm_grid.py report`). Standard library only: the device has no polars.
+
+Megatron-LM runs there without Transformer Engine or Apex, so every point carries the flags a
+TE-less local-spec run needs (`NO_TE_FLAGS`, each one named in `docs/executor.md`).
+
+A point is a dict of knob values (KNOBS); its id spells them, e.g. `mbs1_seq_rcfull_a2a_eager`.
+Protocol of a grid run: `--train-iters 11 --log-interval 1`, Megatron's PyTorch profiler on
+iteration 10 (`--profile-step-start 10 --profile-step-end 11`: Megatron's schedule is wait 9,
+warm-up 1 (iteration 9), active 1, `ProfilerStep#10`; the trace is written at the top of
+iteration 11, which therefore takes 3-60 s on host-bound points), step time = median of the logged
+iterations STEADY (3-8: after the first two, which compile Megatron's `torch.compile` fusions, and
+before the profiler's warm-up). The first call ran 12 iterations with `--profile-step-end 12`
+(two profiled steps); its records carry their commands.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from typing import Any
+
+MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"  # NVIDIA/Megatron-LM, 2026-08-22
+MEGATRON_TAR = ".mlm/megatron-lm-d98e8a6.tar.gz"  # git archive of megatron/ + the entry scripts
+
+# What a local-spec run needs without TE/Apex: persistent LN, masked-softmax and gradient-
+# accumulation fusions import absent CUDA extensions; GELU-with-bias experts need TE's fusions.
+NO_TE_FLAGS = ["--transformer-impl", "local", "--no-persist-layer-norm",
+               "--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion",
+               "--swiglu", "--disable-bias-linear"]
+COMMON_FLAGS = ["--bf16", "--mock-data", "--tokenizer-type", "NullTokenizer",
+                "--vocab-size", "32768", "--eval-iters", "0", "--eval-interval", "1000",
+                "--log-interval", "1", "--log-throughput", "--lr", "1e-4", "--seed", "1234"]
+
+SHAPES: dict[str, dict[str, Any]] = {
+    # host/launch-bound at its start: many small experts run one by one (SequentialMLP: 48 experts
+    # x 3 GEMMs per layer and micro-batch), 8 micro-batches of one sequence each
+    "host": {
+        "desc": "3 layers, hidden 512, 8 heads, 48 experts top-6 (expert FFN 512), seq 1024, "
+                "GBS 8, vocab 32768",
+        "flags": ["--num-layers", "3", "--hidden-size", "512", "--num-attention-heads", "8",
+                  "--ffn-hidden-size", "2048", "--num-experts", "48", "--moe-router-topk", "6",
+                  "--moe-ffn-hidden-size", "512", "--seq-length", "1024",
+                  "--max-position-embeddings", "1024", "--global-batch-size", "8"],
+    },
+    # memory-tight: seq 4096 through the local spec's unfused attention (16 heads x 4096^2 scores
+    # per sample and layer, kept for backward unless recomputed), ~2.6 B parameters (~47 GB of
+    # bf16 weights, fp32 gradients, fp32 main weights and Adam states)
+    "mem": {
+        "desc": "6 layers, hidden 2048, 16 heads, 16 experts top-2 (expert FFN 4096), seq 4096, "
+                "GBS 8, vocab 32768",
+        "flags": ["--num-layers", "6", "--hidden-size", "2048", "--num-attention-heads", "16",
+                  "--ffn-hidden-size", "8192", "--num-experts", "16", "--moe-router-topk", "2",
+                  "--moe-ffn-hidden-size", "4096", "--seq-length", "4096",
+                  "--max-position-embeddings", "4096", "--global-batch-size", "8"],
+    },
+}
+
+# knob -> values, in the order a neighbour search tries them
+KNOBS: dict[str, list[Any]] = {
+    "mbs": [1, 2, 4, 8],
+    "grouped": [False, True],
+    "recompute": ["full", "selective", "none"],
+    "dispatcher": ["alltoall", "allgather"],
+    "graphs": ["eager", "local"],
+}
+START: dict[str, Any] = {"mbs": 1, "grouped": False, "recompute": "full", "dispatcher": "alltoall",
+                         "graphs": "eager"}
+
+RECOMPUTE_FLAGS = {
+    "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
+             "--recompute-num-layers", "1"],
+    "selective": ["--recompute-granularity", "selective"],
+    "none": [],
+}
+# Megatron-LM's local CUDA graphs of whole layers; dropless MoE fails under capture
+# (token_dispatcher.py: d2h_event.synchronize() -> cudaErrorCapturedEvent), which the grid records
+GRAPH_FLAGS = {"eager": [], "local": ["--cuda-graph-impl", "local"],
+               # static shapes: drop-and-pad at capacity 1.0 (two changes, an EXTRA point only)
+               "local_droppad": ["--cuda-graph-impl", "local", "--moe-expert-capacity-factor",
+                                 "1.0", "--moe-pad-expert-input-to-capacity"]}
+
+TRAIN_ITERS = 11
+PROFILE_START, PROFILE_END = 10, 11
+STEADY = range(3, 9)
+PROTOCOL = ["--train-iters", str(TRAIN_ITERS), "--profile", "--use-pytorch-profiler",
+            "--profile-step-start", str(PROFILE_START), "--profile-step-end", str(PROFILE_END)]
+REPEAT = ["--train-iters", str(TRAIN_ITERS)]  # one more fresh process, no profile
+LAUNCH = ["python3", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+
+
+def full_point(p: dict[str, Any]) -> dict[str, Any]:
+    return {**START, **p}
+
+
+def point_id(p: dict[str, Any]) -> str:
+    p = full_point(p)
+    return (f"mbs{p['mbs']}_{'grp' if p['grouped'] else 'seq'}_rc{p['recompute']}_"
+            f"{'a2a' if p['dispatcher'] == 'alltoall' else 'ag'}_{p['graphs']}")
+
+
+def parse_id(pid: str) -> dict[str, Any]:
+    mbs, grp, rc, disp, graphs = pid.split("_", 4)
+    return {"mbs": int(mbs[3:]), "grouped": grp == "grp", "recompute": rc[2:],
+            "dispatcher": "alltoall" if disp == "a2a" else "allgather", "graphs": graphs}
+
+
+def knob_flags(p: dict[str, Any]) -> list[str]:
+    p = full_point(p)
+    f = ["--micro-batch-size", str(p["mbs"]), "--moe-token-dispatcher-type", p["dispatcher"]]
+    if p["grouped"]:
+        f.append("--moe-grouped-gemm")
+    return f + RECOMPUTE_FLAGS[p["recompute"]] + GRAPH_FLAGS[p["graphs"]]
+
+
+def command(megatron: str, shape: str, p: dict[str, Any], tb_dir: str, *,
+            repeat: bool = False, extra: list[str] | None = None) -> list[str]:
+    """torchrun of pretrain_gpt.py for one point; its trace lands in `tb_dir/../torch_profile`."""
+    proto = REPEAT if repeat else [*PROTOCOL, "--tensorboard-dir", tb_dir]
+    return [*LAUNCH, f"{megatron}/pretrain_gpt.py",
+            *NO_TE_FLAGS, *COMMON_FLAGS, *SHAPES[shape]["flags"], *knob_flags(p), *proto,
+            *(extra or [])]
+
+
+def neighbours(p: dict[str, Any]) -> list[dict[str, Any]]:
+    p = full_point(p)
+    return [{**p, k: v} for k, values in KNOBS.items() for v in values if v != p[k]]
+
+
+# ---- Megatron-LM's log lines (megatron/training/training.py training_log, report_memory) ----
+_IT = re.compile(r" iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)")
+_TFLOPS = re.compile(r" iteration\s+(\d+)/.*?throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)")
+_MEM = re.compile(r"\(after (\d+) iterations\) memory \(MB\) \| allocated: ([\d.]+) \| "
+                  r"max allocated: ([\d.]+) \| reserved: ([\d.]+) \| max reserved: ([\d.]+)")
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.I)
+_LOSS = re.compile(r" iteration\s+(\d+)/.*? lm loss: ([\d.E+-]+)")
+_STAMP = re.compile(r"\[(after [^\]]+|before [^\]]+)\] datetime: (\S+ \S+)")
+_INIT = re.compile(r"time to initialize megatron \(seconds\): ([\d.]+)")
+
+
+def parse_log(text: str, rc: int) -> dict[str, Any]:
+    its = {int(i): float(ms) for i, ms in _IT.findall(text)}
+    out: dict[str, Any] = {"iter_ms": [its[i] for i in sorted(its)], "iterations": len(its)}
+    steady = [its[i] for i in STEADY if i in its]
+    out["steady_n"] = len(steady)
+    out["step_ms"] = round(statistics.median(steady), 2) if len(steady) >= 4 else None
+    tf = {int(i): float(v) for i, v in _TFLOPS.findall(text)}
+    st = [tf[i] for i in STEADY if i in tf]
+    out["tflops_per_gpu"] = round(statistics.median(st), 2) if st else None
+    mem = _MEM.findall(text)
+    if mem:
+        last = mem[-1]
+        out["mem_after_iter"] = int(last[0])
+        out["max_alloc_gib"] = round(float(last[2]) / 1024, 2)
+        out["max_reserved_gib"] = round(float(last[4]) / 1024, 2)
+    losses = {int(i): float(v) for i, v in _LOSS.findall(text)}
+    if losses:
+        out["loss_last"] = losses[max(losses)]
+    m = _INIT.search(text)
+    out["init_s"] = float(m.group(1)) if m else None
+    out["stamps"] = dict(_STAMP.findall(text))
+    if rc == 0 and its and len(its) == max(its):
+        status = "ok"
+    elif _OOM.search(text):
+        status = "oom"
+    elif rc in (124, 137):
+        status = "timeout"
+    elif "error: unrecognized arguments" in text or ("AssertionError" in text and not its):
+        status = "refused"
+    else:
+        status = "crash"
+    out["status"] = status
+    if status != "ok":
+        lines = [ln for ln in text.splitlines() if "Error" in ln or "error" in ln]
+        out["error"] = (lines[-1] if lines else (text.strip().splitlines() or [""])[-1])[:300]
+    return out
