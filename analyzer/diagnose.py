@@ -356,14 +356,8 @@ def _sha256_now(path: Path) -> str:
 
 
 def _warnings(trace: Trace, steps: Steps, events: pl.DataFrame, observed: dict[str, Any]) -> list[str]:
-    w = list(trace.warnings) + list(steps.warnings)
     # the graph-level trace-mode warning comes from the nsys reader (trace.warnings)
-    if steps.source == "profiler_step" and steps.dropped:
-        w.append(
-            f"dropped incomplete step(s) {', '.join(map(str, steps.dropped))} "
-            "(last ProfilerStep is cut by the profiler window; HTA drops it too)"
-        )
-    return w
+    return list(trace.warnings) + list(steps.warnings)
 
 
 def _load_contract(contract: str | Path | dict[str, Any] | None) -> dict[str, Any] | None:

@@ -9,8 +9,10 @@ GPU-idle steps are per-rank segment ordinals: they are used only when every rank
 has them (else the whole trace is one step on every rank). A rank with GPU work but no step kept
 (no annotation on it, outside `--window`) is named in `Steps.skipped` and a warning.
 
-Incomplete steps are dropped: like HTA's default, the last `ProfilerStep` is dropped when there are
-≥2 (the profiler's `Record Window End` usually cuts it), so our windows match HTA's.
+Incomplete steps are dropped: the last `ProfilerStep` of a rank when the profiler window cut it
+(it ran fewer than `last_step_min_gpu_ops_share` of the GPU operations of the median step before
+it), and a step that launched no GPU work. HTA drops the last step unconditionally; a schedule that
+saves its trace between steps (Megatron-LM's) leaves it whole, so it is kept and analysed.
 
 GPU events inherit the step of their launch (correlation → runtime row inside the host step);
 events with no launch row go to the GPU-projected step that contains their start.
@@ -238,13 +240,16 @@ def find_steps(
                     source = "annotation"
                     break
     found = sorted(set(host.get_column("step").to_list())) if host.height else []
-    if host.height and source == "profiler_step":
-        # HTA default: the last ProfilerStep is cut by the profiler window; drop it when ≥2.
-        last = host.group_by("rank").agg(pl.col("step").max().alias("last"), pl.len().alias("n"))
-        cut = host.join(last, on="rank").filter((pl.col("n") >= 2) & (pl.col("step") == pl.col("last")))
-        dropped = sorted(set(cut.get_column("step").to_list()))
     if host.height:
         proj = _gpu_projection(events, host, source)
+        if source == "profiler_step":
+            share = float(cfg.get("last_step_min_gpu_ops_share", 0.5))
+            dropped = _cut_last_steps(proj, share)
+            if dropped:
+                warnings.append(
+                    f"dropped incomplete step(s) {_fmt_ids(dropped)} (the profiler window cut the "
+                    f"last ProfilerStep: it ran under {share:.0%} of the GPU operations of the "
+                    "median step before it)")
         tiled = _tile(proj)
         no_gpu = proj.filter(pl.col("gpu_start_ns").is_null() & ~pl.col("step").is_in(dropped))
         if no_gpu.height:
@@ -305,6 +310,20 @@ def find_steps(
         warnings.append(f"rank(s) {_fmt_ids(ranks)} not analysed: {why}")
     return Steps(table=table, source=source, found=found, dropped=dropped, warnings=tuple(warnings),
                  skipped=tuple(sorted(skipped.items())))
+
+
+def _cut_last_steps(proj: pl.DataFrame, share: float) -> list[int]:
+    """Last ProfilerSteps the profiler window cut: on a rank with ≥2 steps, the last one ran fewer
+    than `share` of the GPU operations of the median step before it. A schedule that stops
+    between steps (Megatron-LM's: `prof.step()` at the top of each iteration, the trace saved at
+    the next one's) leaves the last step whole, and it is analysed."""
+    ranked = proj.sort(["rank", "step"]).with_columns(
+        pl.col("step").max().over("rank").alias("last"), pl.len().over("rank").alias("n"))
+    before = ranked.filter(pl.col("step") != pl.col("last")).group_by("rank").agg(
+        pl.col("gpu_ops").median().alias("typical"))
+    cut = ranked.filter((pl.col("n") >= 2) & (pl.col("step") == pl.col("last"))).join(
+        before, on="rank").filter(pl.col("gpu_ops") < share * pl.col("typical"))
+    return sorted(set(cut.get_column("step").to_list()))
 
 
 def _gpu_ranks(events: pl.DataFrame) -> set[int]:

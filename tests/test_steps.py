@@ -73,7 +73,8 @@ def test_corpus_steps(corpus) -> None:
     from moetune.analyzer.readers import load_trace
 
     a100 = find_steps(classify(load_trace([corpus / "public/kineto/hta_a100_2rank_nccl.json.gz"]).events))
-    assert (a100.found, a100.dropped, a100.ids) == ([4, 5, 6], [6], [4, 5])
+    # every ProfilerStep is whole (1,258 GPU rows each): none is dropped
+    assert (a100.found, a100.dropped, a100.ids) == ([4, 5, 6], [], [4, 5, 6])
     qwen = find_steps(load_trace([corpus / "public/kineto/tracelens_h100_qwen05b_inference.json.gz"]).events)
     # one step: its window is the GPU-side ProfilerStep#6 annotation, 34,892.421 µs (TraceLens total)
     w = qwen.table.row(0, named=True)
@@ -82,3 +83,30 @@ def test_corpus_steps(corpus) -> None:
     if made.exists():
         nv = find_steps(load_trace([made]).events)
         assert (nv.source, nv.ids) == ("annotation", list(range(8)))
+
+
+MLM_TWO_STEPS = "fixtures/traces/mlm_host_mbs8_rcnone/trace.json.gz"
+
+
+def test_megatron_lm_schedule_keeps_every_profiled_step() -> None:
+    """Megatron-LM's profiler schedule (`--profile-step-start 10 --profile-step-end 12`) saves the
+    trace at the top of iteration 12: both ProfilerSteps are whole and both are analysed."""
+    from moetune.analyzer.readers import load_trace
+
+    st = find_steps(classify(load_trace([MLM_TWO_STEPS]).events))
+    assert (st.found, st.dropped, st.ids) == ([10, 11], [], [10, 11])
+    assert not any("dropped" in w for w in st.warnings)
+
+
+def test_a_last_step_the_window_cut_is_dropped() -> None:
+    """The same real trace with the profiler stopped half-way through step 11: its GPU rows after
+    the middle of its host range are gone (never recorded), so the step is dropped and said so."""
+    from moetune.analyzer.readers import load_trace
+
+    events = classify(load_trace([MLM_TWO_STEPS]).events)
+    s11 = events.filter(pl.col("name") == "ProfilerStep#11").row(0, named=True)
+    cut_at = s11["ts_ns"] + s11["dur_ns"] // 3
+    gpu = pl.col("kind").is_in(["kernel", "memcpy", "memset"])
+    st = find_steps(events.filter(~(gpu & (pl.col("ts_ns") > cut_at))))
+    assert (st.found, st.dropped, st.ids) == ([10, 11], [11], [10])
+    assert any(w.startswith("dropped incomplete step(s) 11 (the profiler window cut") for w in st.warnings)
