@@ -4,8 +4,9 @@ A contract is JSON or YAML. Every section is optional, so a contract of only `me
 input for audit and recommend; `check_contract(doc, strict=True)` demands the complete set. Field
 types are enforced by the schema; the rest of the knowledge this module applies is data in that
 schema too: `x-megatron-arg` (which Megatron argument a section field mirrors),
-`x-benchmark-only-when` (fields that force the `benchmark-only` label) and
-`$defs/known_megatron_arg` (argument names; others only warn).
+`x-benchmark-only-when` (fields that force the `benchmark-only` label). The argument names moetune
+knows (others only warn) are `analyzer/megatron_arguments.json`, read from Megatron-LM's own
+parser by `tools/megatron_arguments.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from moetune import knobs
+from moetune import knobs, resources
 from moetune.errors import UserError, read_user_text
 from moetune.knobs import normalize_args
 from moetune.resources import schema
@@ -107,8 +108,23 @@ def _validators() -> tuple[jsonschema.Draft202012Validator, jsonschema.Draft2020
 
 
 @cache
+def megatron_arguments() -> dict[str, Any]:
+    """analyzer/megatron_arguments.json: Megatron-LM's arguments at a pinned commit (name → flags,
+    type, default, choices), the names its argument dump derives, earlier versions' names."""
+    return json.loads(resources.data("moetune.analyzer", "megatron_arguments.json").read_text())
+
+
+@cache
+def megatron_flags() -> Mapping[str, tuple[str, Mapping[str, Any]]]:
+    """Every Megatron-LM flag (`--disable-bias-linear`) → (the argument it sets, its entry)."""
+    return MappingProxyType({f: (dest, e) for dest, e in megatron_arguments()["arguments"].items()
+                             for f in e["flags"]})
+
+
+@cache
 def known_megatron_args() -> frozenset[str]:
-    return frozenset(contract_schema()["$defs"]["known_megatron_arg"]["enum"])
+    m = megatron_arguments()
+    return frozenset(m["arguments"]) | frozenset(m["derived"]) | frozenset(m["older"])
 
 
 @cache
@@ -250,11 +266,12 @@ def _spelling_problems(margs: Mapping[str, Any]) -> list[Problem]:
     warning; an error when the value is not one the argument takes, or when the contract also
     gives the argument a different value (which one was run is then unknown)."""
     cat = knobs.load()
+    own = megatron_arguments()
     out = []
     for k, value in margs.items():
         name, negated = knobs.spelling_of(k, cat)
-        if name == k:
-            continue
+        if name == k or k in own["arguments"] or k in own["derived"]:
+            continue  # an argument of current Megatron-LM in its own right
         at = f"megatron_args.{k}"
         if name in cat.knobs and (msg := knobs.value_problem(cat.knobs[name], value)):
             out.append(Problem(at, f"flag spelling of {name}: {msg}"))

@@ -50,6 +50,11 @@ _PADDED_VOCAB = re.compile(r"padded vocab \(size: (\d+)\) with \d+ dummy tokens 
 _DTYPE_WORD = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.half": "fp16",
                "torch.float32": "fp32", "torch.float": "fp32"}
 # the bundled workload names the grouped-GEMM backend its environment offers without TE
+# `> Megatron-Core version .......... 0.20.0` (pretrain_gpt.py at start-up); TE
+# prints 0.0.0 when it is not installed
+_VERSION_LINE = re.compile(r"> (PyTorch|Megatron-Core|Transformer Engine) version \.+ (\S+)")
+_VERSION_KEY = {"PyTorch": "pytorch", "Megatron-Core": "megatron_core",
+                "Transformer Engine": "transformer_engine"}
 _GROUPED_BACKEND = re.compile(r"grouped GEMM backend = (\S+)|experts=TorchGroupedMLP\((\S+?)\)")
 def parse_args_dump(text: str) -> dict[str, object]:
     """Arguments from the `arguments` block(s) of a Megatron log, typed, names as printed.
@@ -143,6 +148,15 @@ def _as_modules(value: Any) -> list[str]:
     return list(value)
 
 
+def _unused_by(margs: Mapping[str, Any]) -> frozenset[str]:
+    """Arguments the dump prints that this run's model does not use, so no section field mirrors
+    them: without `group_query_attention` Megatron-LM passes `num_query_groups=None` (one KV head
+    per attention head; megatron/training/argument_utils.py, `core_transformer_config_from_args`),
+    whatever `num_query_groups` prints."""
+    return frozenset({"num_query_groups"}) if margs.get("group_query_attention") is False \
+        else frozenset()
+
+
 def contract_from_args(args: Mapping[str, Any], *, world: Mapping[str, int] | None = None,
                        complete: bool = True) -> dict:
     """A contract document from Megatron arguments (normalized here): `megatron_args` plus every
@@ -163,7 +177,7 @@ def contract_from_args(args: Mapping[str, Any], *, world: Mapping[str, int] | No
         margs["num_experts"] = margs["num_moe_experts"]
     doc: dict[str, Any] = {"schema": SCHEMA_ID}
     for path, arg in arg_mirrors():
-        if arg not in margs:
+        if arg not in margs or arg in _unused_by(margs):
             continue
         value = margs[arg]
         section, field = path.split(".")
@@ -233,6 +247,9 @@ STARTUP = "start-up lines"
 COMMAND_LINE = "command line"
 ECHOED = "echoed flags"
 SOURCES = (DUMP, ARG_LINES, STARTUP, COMMAND_LINE, ECHOED)  # precedence, strongest first
+# set after the argument dump is printed, which shows them as None: a later line's value stands
+# (`padded_vocab_size`: megatron/core/tokenizers/utils/build_tokenizer.py, at the tokenizer build)
+SET_AFTER_DUMP = frozenset({"padded_vocab_size"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +282,7 @@ def read_log(text: str, *, observed: Mapping[str, Any] | None = None,
     conflicts: list[dict[str, Any]] = []
     for name, args in layers:
         for arg, value in args.items():
-            if arg not in merged:
+            if arg not in merged or (arg in SET_AFTER_DUMP and merged[arg] is None):
                 merged[arg], sources[arg] = value, name
             elif _differs(merged[arg], value):
                 conflicts.append({"arg": arg, "kept": {"source": sources[arg], "value": merged[arg]},
@@ -275,6 +292,8 @@ def read_log(text: str, *, observed: Mapping[str, Any] | None = None,
     complete = header or bool(cmd and cmd.complete)
     doc = contract_from_args(merged, complete=complete)
     versions: dict[str, Any] = {}
+    for what, version in _VERSION_LINE.findall(text):
+        versions[_VERSION_KEY[what]] = None if version == "0.0.0" else version
     if _NO_TE.search(text):  # null = not installed: knob preconditions block TE-only changes
         versions["transformer_engine"] = None
     if m := _GROUPED_BACKEND.search(text):

@@ -7,10 +7,10 @@ pretrain_gpt.py \\` continued over lines) or launch scripts' echoes of their fla
 (`MOE_ARGS: --num-experts 8 …`, `+ GPT_ARGS='  --bf16 …'`). Flags are read after the Megatron entry
 script (`pretrain_*.py`); the launcher's own flags before it (torchrun's `--nproc_per_node`) never
 count. Flag -> argument: the knob catalog's spellings (`--fp8-format` -> fp8, negative and
-deprecated flags), else argparse's generated dest (`--num-layers` -> num_layers; `--no-foo` -> foo
-False where moetune knows `foo` and no `no_foo`). Flags whose dest argparse renames otherwise
-(`--disable-bias-linear`) keep their own name. A flag whose value
-is an unexpanded shell variable (`--num-layers $LAYERS`) is left out, not guessed.
+deprecated flags), else Megatron-LM's own parser (analyzer/megatron_arguments.json:
+`--disable-bias-linear` -> add_bias_linear False), else argparse's generated dest (`--num-layers`
+-> num_layers; `--no-foo` -> foo False where moetune knows `foo` and no `no_foo`). A flag whose
+value is an unexpanded shell variable (`--num-layers $LAYERS`) is left out, not guessed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moetune.analyzer.contract import known_megatron_args
+from moetune.analyzer.contract import known_megatron_args, megatron_flags
 from moetune.analyzer.megatron_text import parse_value, strip_prefix
 
 from moetune import knobs
@@ -126,6 +126,14 @@ def _read(flag: str, values: list[str], cat: knobs.Catalog) -> tuple[str, Any] |
             return k.name, knobs.parse_value(values[0], k)
         except UserError:
             return k.name, parse_value(values[0])
+    own = megatron_flags().get(flag)
+    if own is not None:
+        dest, entry = own
+        if entry["type"] == "flag" and not values:
+            return dest, not entry.get("negates", False)
+        if values:
+            return dest, parse_value(values[0]) if len(values) == 1 else [parse_value(v)
+                                                                            for v in values]
     name = flag[2:].replace("-", "_")
     if "_" in flag[2:] or flag[2:] in _LAUNCHER_FLAGS:  # Megatron spells flags with dashes only
         return None
