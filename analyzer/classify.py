@@ -314,7 +314,11 @@ def claim(name: str, *, kind: str = "kernel", copy_kind: str | None = None,
     key = key.with_columns(_size_bucket(cl.size_thresholds).alias("_size_bucket"))
     entries = cl.gpu if section == "gpu" else cl.runtime
     exprs = [_gpu_rule_expr(r) if section == "gpu" else match_expr(r["match"]) for r in entries]
-    hits = key.select(e.alias(f"_{i}") for i, e in enumerate(exprs)).row(0) if exprs else ()
+    try:
+        hits = key.select(e.alias(f"_{i}") for i, e in enumerate(exprs)).row(0) if exprs else ()
+    except pl.exceptions.PolarsError as exc:  # e.g. a regex of a user's file that does not compile
+        raise UserError(f"cannot match with its {section} entries: {str(exc)[:300]}",
+                        path=file) from None
     fits = [i for i, hit in enumerate(hits) if hit]
     label_key = "kclass" if section == "gpu" else "rclass"
 

@@ -200,3 +200,28 @@ def test_shipped_yaml_validates() -> None:
     validate_classes(yaml.safe_load(CLASSES_PATH.read_text()), CLASSES_PATH)
     cl = load_classes()
     assert "comm.deepep.dispatch" in cl.kclasses and cl.size_thresholds == [1 << 20]
+
+
+def test_classify_command_names_the_entry(tmp_path) -> None:
+    import json
+
+    import jsonschema
+
+    from tests.golden import ROOT, run_cli
+
+    name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)"
+    code, out, _ = run_cli(["classify", name])
+    c = claim(name)
+    assert code == 0 and out.splitlines()[:2] == [
+        name, f"  comm.nccl.allreduce (communication): classified by entry {c.entry} of gpu in "
+        f"kernel_classes.yaml (line {c.line})"]
+    assert "also fits, never reached: entry" in out
+    code, out, _ = run_cli(["classify", "--json", "--kind", "runtime", "cudaStreamSynchronize"])
+    doc = json.loads(out)
+    jsonschema.validate(doc, json.loads((ROOT / "schemas/classify.schema.json").read_text()))
+    assert (doc["names"][0]["class"], doc["names"][0]["blocking"]) == ("sync", True)
+    bad = tmp_path / "classes.yaml"
+    bad.write_text("schema: moetune.kernel_classes/1\ngpu:\n  - kclass: compute.x\n    wall: compute\n"
+                   "    match: {regex: ['(']}\nruntime:\n  - rclass: other\n    match: {regex: ['.*']}\n")
+    code, out, err = run_cli(["classify", "--classes", str(bad), "x"])
+    assert code == 2 and out == "" and err.startswith(f"moetune: {bad}: cannot match") and err.count("\n") == 1
