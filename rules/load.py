@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 SCHEMAS = data("moetune.schemas")
 CATALOG = data("moetune.rules", "catalog")
+FIXTURES_FOLDER = "fixtures"  # <rule folder>/fixtures/: its rules' scenarios, not rules
 # Pseudo metric: seconds of GPU window analyzed (all steps, all ranks); see rules/engine.py.
 WINDOW = "window_s"
 
@@ -330,9 +331,12 @@ def _find_predicate(raw: Any, p: expr.Predicate, at: tuple) -> tuple | None:
 
 
 def rule_files(folder: Path) -> list[Path]:
+    """The rule files of a folder, at any depth, except its `fixtures/` (the scenarios its rules
+    name: rules/scenarios.py)."""
     if not folder.is_dir():
         raise UserError("rules folder not found", path=folder)
-    return sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    return sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()
+                  and p.relative_to(folder).parts[0] != FIXTURES_FOLDER)
 
 
 def check_rules(folder: Path, catalog: Catalog | None = None) -> tuple[dict[str, Rule], list[Problem]]:
