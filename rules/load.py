@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 SCHEMAS = data("moetune.schemas")
 CATALOG = data("moetune.rules", "catalog")
+WHATIF = data("moetune.analyzer", "whatif.yaml")
 FIXTURES_FOLDER = "fixtures"  # <rule folder>/fixtures/: its rules' scenarios, not rules
 # Pseudo metric: seconds of GPU window analyzed (all steps, all ranks); see rules/engine.py.
 WINDOW = "window_s"
@@ -247,6 +248,14 @@ def _predicate_problem(p: expr.Predicate, knob_names: Iterable[str]) -> str | No
 # ----------------------------------------------------------------------------- rules
 
 
+@cache
+def whatif_transforms() -> dict[str, Any]:
+    """The transforms of analyzer/whatif.yaml a rule's `expected_gain.whatif` may name (read as
+    plain YAML: analyzer.whatif, which validates it, pulls numpy and polars into `rules check`)."""
+    doc, _ = read_yaml(WHATIF)
+    return dict(doc.get("transforms") or {}) if isinstance(doc, dict) else {}
+
+
 def check_rule_file(path: Path, catalog: Catalog) -> tuple[Rule | None, list[Problem]]:
     """Validate one rule file; return the rule (when valid) and every problem found."""
     try:
@@ -301,6 +310,15 @@ def check_rule_file(path: Path, catalog: Catalog) -> tuple[Rule | None, list[Pro
     rec = gain.get("recoverable", {})
     if "metric" in rec and not diagnosis_path_ok(rec["metric"]):
         bad(("expected_gain", "recoverable", "metric"), f"unknown metric path {rec['metric']!r}")
+    named = gain.get("whatif", [])
+    for tid in [named] if isinstance(named, str) else named:
+        spec = whatif_transforms().get(tid)
+        if spec is None:
+            bad(("expected_gain", "whatif"),
+                f"unknown what-if transform {tid!r} (not in analyzer/whatif.yaml)")
+        elif spec.get("knob") != change["knob"]:
+            bad(("expected_gain", "whatif"), f"what-if transform {tid!r} models "
+                f"{spec.get('knob')}, the rule changes {change['knob']}")
     for key in ("efficiency", "fixed"):
         if key in gain and gain[key][0] > gain[key][1]:
             bad(("expected_gain", key), f"{key} range must be [low, high]")

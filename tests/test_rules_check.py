@@ -102,3 +102,20 @@ def test_fixture_folders_given_are_searched_first(tmp_path: Path) -> None:
     assert code == 1 and "fixtures.fires: the rule did not fire" in out
     code, _, err = run_cli(["rules", "check", str(rules_dir), "--fixtures", str(tmp_path / "x")])
     assert code == 2 and "fixtures folder not found" in err
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("whatif: grouped_gemm", "whatif: grouped_gemms",
+     "unknown what-if transform 'grouped_gemms' (not in analyzer/whatif.yaml)"),
+    ("whatif: grouped_gemm", "whatif: recompute_off",
+     "what-if transform 'recompute_off' models recompute_granularity, the rule changes moe_grouped_gemm"),
+])
+def test_a_rule_naming_a_what_if_transform_must_name_one_of_its_knob(
+        tmp_path: Path, old: str, new: str, message: str) -> None:
+    text = (CATALOG / "compute" / "compute.grouped-gemm.yaml").read_text(encoding="utf-8")
+    assert old in text
+    rule = tmp_path / "compute" / "compute.grouped-gemm.yaml"
+    rule.parent.mkdir()
+    rule.write_text(text.replace(old, new), encoding="utf-8")
+    code, out, _ = run_cli(["rules", "check", str(tmp_path)])
+    assert code == 1 and out == f"{rule}:{line(rule, new)}: {message}\n"
