@@ -462,8 +462,12 @@ def capture_launches(ep: Episode, params: Mapping[str, float], _ctx: Mapping[str
 # The registry of transform kinds: a whatif.yaml `kind` names one of these functions. The kind enum
 # of schemas/whatif.schema.json is checked against it (tests/test_extension_points.py);
 # docs/extending.md walks adding one.
-KIND_FUNCS = {"drop_recompute": drop_recompute, "fold_micro_batches": fold_micro_batches,
-              "group_expert_gemms": group_expert_gemms, "capture_launches": capture_launches}
+KIND_FUNCS = {
+    "drop_recompute": drop_recompute,
+    "fold_micro_batches": fold_micro_batches,
+    "group_expert_gemms": group_expert_gemms,
+    "capture_launches": capture_launches,
+}
 
 
 # --------------------------------------------------------------------------- estimates
