@@ -69,6 +69,11 @@ def validate_transforms(doc: Any, path: Any, lines: Mapping[tuple, int] | None =
     """UserError naming the first place where `doc` breaks schemas/whatif.schema.json, whose
     `kind` enum tests/test_extension_points.py holds equal to `KIND_FUNCS`."""
     err = first_error(doc, json.loads(schema("whatif").read_text()))
+    for tid, spec in doc["transforms"].items() if err is None else ():
+        if spec["kind"] not in KIND_FUNCS:  # the schema's enum ran ahead of the registry
+            err = (("transforms", tid, "kind"),
+                   f"{spec['kind']!r} has no function in KIND_FUNCS (analyzer/whatif.py)")
+            break
     if err:
         at, message = err
         line = line_of(lines or {}, at)

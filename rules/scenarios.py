@@ -29,7 +29,7 @@ BASE = "_base"
 def repository_fixtures() -> Path | None:
     """fixtures/diagnoses/ of the source checkout moetune runs from (editable install or tree);
     None for an installed wheel."""
-    here = data("moetune.rules").parent / "fixtures" / "diagnoses"
+    here = data("moetune.rules").resolve().parent / "fixtures" / "diagnoses"
     return here if here.is_dir() else None
 
 

@@ -2,7 +2,7 @@
 derived from it or checked against it here (docs/extending.md walks adding to each):
 
 - launchers: executor/launchers/__init__.py `LAUNCHERS` ← the modules beside it, the CLI's
-  `--launcher` choices of `run` and `tune`;
+  `--launcher` choices of `run` and `tune`, the launchers docs/executor.md names;
 - what-if transform kinds: analyzer/whatif.py `KIND_FUNCS` ← the `kind` enum of
   schemas/whatif.schema.json, the kinds whatif.yaml uses, the knobs its transforms model;
 - kernel classes: analyzer/kernel_classes.yaml ← tests/test_classify.py's examples (every entry
@@ -41,6 +41,9 @@ def test_every_launcher_module_is_registered_and_the_cli_offers_exactly_those() 
         assert callable(getattr(cls, "command", None)) and callable(getattr(cls, "launch", None)), name
     for command in ("run", "tune"):
         assert _choices(command, "--launcher") == launchers.NAMES
+    doc = (ROOT / "docs" / "executor.md").read_text()
+    assert not [n for n in launchers.NAMES if f"`{n}`" not in doc], (
+        "name each launcher in docs/executor.md's module map")
 
 
 def test_what_if_kinds_schema_and_catalog_follow_the_registry() -> None:

@@ -128,6 +128,17 @@ def test_a_malformed_transform_catalog_names_the_file(tmp_path: Path, monkeypatc
         whatif.transforms.cache_clear()
 
 
+def test_a_kind_the_schema_lists_but_the_registry_lacks_is_one_line(monkeypatch) -> None:
+    monkeypatch.delitem(whatif.KIND_FUNCS, "capture_launches")
+    whatif.transforms.cache_clear()
+    try:
+        with pytest.raises(UserError, match=r"whatif.yaml:\d+: transforms/cuda_graphs/kind: "
+                           "'capture_launches' has no function in KIND_FUNCS"):
+            whatif.transforms()
+    finally:
+        whatif.transforms.cache_clear()
+
+
 def _memory(shape: str, point: str, changes: dict) -> object:
     from moetune.analyzer.planner.predict import measured_from_diagnosis, predict_peak
 
