@@ -20,6 +20,7 @@ from moetune.analyzer.frames import EVENTS_SCHEMA, require
 
 from moetune.errors import UserError
 from moetune.resources import data, schema
+from moetune.schema_check import first_error
 from moetune.vocabulary import WALLS
 
 CLASSES_PATH = data("moetune.analyzer", "kernel_classes.yaml")
@@ -74,10 +75,7 @@ def _load(path: str) -> KernelClasses:
         doc = yaml.load(Path(path).read_text(), Loader=_YAML_LOADER)
     except (OSError, yaml.YAMLError) as exc:
         raise UserError(f"cannot read kernel classes: {exc}", path=path) from None
-    # The shipped file is validated by the tests (tests/test_classify.py); a user's file here.
-    # Importing jsonschema alone costs ~0.1 s, half of a small trace's whole diagnosis.
-    if Path(path).resolve() != CLASSES_PATH.resolve():
-        validate_classes(doc, path)
+    validate_classes(doc, path)  # every load, the shipped file too (moetune.schema_check: ~1 ms)
     rec = doc.get("recompute") or {}
     return KernelClasses(
         gpu=tuple(doc["gpu"]),
@@ -93,14 +91,15 @@ def _load(path: str) -> KernelClasses:
 
 def validate_classes(doc: Any, path: str | Path) -> None:
     """UserError naming the first place where `doc` breaks schemas/kernel_classes.schema.json."""
-    import jsonschema
+    err = first_error(doc, _schema())
+    if err:
+        where = "/".join(str(p) for p in err[0]) or "(top)"
+        raise UserError(f"invalid kernel classes at {where}: {err[1]}", path=path)
 
-    schema = json.loads(SCHEMA_PATH.read_text())
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=str)
-    if errors:
-        e = errors[0]
-        where = "/".join(str(p) for p in e.absolute_path) or "(top)"
-        raise UserError(f"invalid kernel classes at {where}: {e.message}", path=path)
+
+@lru_cache(maxsize=1)
+def _schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text())
 
 
 def match_expr(match: dict[str, list[str]], col: str = "name") -> pl.Expr:
@@ -263,6 +262,77 @@ def classify(events: pl.DataFrame, *, classes: KernelClasses | None = None) -> p
     return events.hstack([*cols, blocking.scatter(at, new["blocking"])])
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Which entry of the classes file classified one event name: first match wins, so a later
+    entry that also fits (`shadowed`) never sees the name."""
+
+    name: str
+    kind: str
+    section: str                 # "gpu" or "runtime": the list of kernel_classes.yaml it is in
+    entry: int | None            # 1-based position in that list; None: no entry fits
+    line: int | None             # line of that entry in the file
+    label: str | None            # its kclass (gpu) or rclass (runtime)
+    wall: str | None
+    blocking: bool
+    shadowed: tuple[tuple[int, int | None, str], ...]  # (entry, line, label) of later fits
+    source: str
+
+    def sentence(self) -> str:
+        if self.entry is None:
+            return f"no {self.section} entry of {self.source} fits (unclassified)"
+        at = f" (line {self.line})" if self.line else ""
+        return f"classified by entry {self.entry} of {self.section} in {self.source}{at}"
+
+
+def claim(name: str, *, kind: str = "kernel", copy_kind: str | None = None,
+          copy_mem: str | None = None, nbytes: int | None = None, path: str | Path | None = None
+          ) -> Claim:
+    """The entry of kernel_classes.yaml (or `path`) that classifies one event, and the later
+    entries it hides; the same first-match rule as `classify` (tests/test_classify.py holds
+    them equal). For `moetune classify` and the classes' own tests, not the diagnosis path."""
+    from moetune.yamlio import read_yaml
+
+    file = Path(path) if path else CLASSES_PATH
+    cl = load_classes(file)
+    _, lines = read_yaml(file)
+    section = "runtime" if kind == "runtime" else "gpu"
+    if section == "gpu" and kind not in GPU_RULE_KINDS:
+        raise UserError(f"kind {kind!r} has no classes (one of {', '.join((*GPU_RULE_KINDS, 'runtime'))})")
+    key = pl.DataFrame({"kind": [kind], "name": [name], "copy_kind": [copy_kind],
+                        "copy_mem": [copy_mem], "bytes": [nbytes]},
+                       schema={"kind": pl.String, "name": pl.String, "copy_kind": pl.String,
+                               "copy_mem": pl.String, "bytes": pl.Int64})
+    if kind == "memcpy":  # direction and memory kinds read from the name, as the readers do
+        from moetune.analyzer.frames import copy_mem_of_name
+        from moetune.analyzer.readers.kineto import COPY_KINDS_IN_NAME
+
+        key = key.with_columns(
+            pl.col("copy_kind").fill_null(pl.when(pl.col("name").str.slice(7, 4).is_in(
+                COPY_KINDS_IN_NAME)).then(pl.col("name").str.slice(7, 4)).otherwise(pl.lit("other"))),
+            pl.col("copy_mem").fill_null(copy_mem_of_name(pl.col("name")).cast(pl.String)))
+    key = key.with_columns(_size_bucket(cl.size_thresholds).alias("_size_bucket"))
+    entries = cl.gpu if section == "gpu" else cl.runtime
+    exprs = [_gpu_rule_expr(r) if section == "gpu" else match_expr(r["match"]) for r in entries]
+    try:
+        hits = key.select(e.alias(f"_{i}") for i, e in enumerate(exprs)).row(0) if exprs else ()
+    except pl.exceptions.PolarsError as exc:  # e.g. a regex of a user's file that does not compile
+        raise UserError(f"cannot match with its {section} entries: {str(exc)[:300]}",
+                        path=file) from None
+    fits = [i for i, hit in enumerate(hits) if hit]
+    label_key = "kclass" if section == "gpu" else "rclass"
+
+    def where(i: int) -> tuple[int, int | None, str]:
+        return i + 1, lines.get((section, i)), entries[i][label_key]
+
+    if not fits:
+        return Claim(name, kind, section, None, None, None, None, False, (), cl.source)
+    first = entries[fits[0]]
+    entry, line, label = where(fits[0])
+    return Claim(name, kind, section, entry, line, label, first.get("wall"),
+                 bool(first.get("blocking", False)), tuple(where(i) for i in fits[1:]), cl.source)
+
+
 def class_table(events: pl.DataFrame) -> pl.DataFrame:
     """Per kclass: count and summed GPU time (ns), sorted by time. Needs classify() output."""
     require(events, ("kclass", "wall", "dur_ns"), what="classified events")
@@ -284,7 +354,9 @@ __all__ = [
     "RCLASSES",
     "WALL",
     "WALLS",
+    "Claim",
     "KernelClasses",
+    "claim",
     "class_table",
     "classify",
     "classify_keys",

@@ -35,7 +35,8 @@ from moetune.analyzer.walls import recompute_launches
 
 from moetune.errors import UserError
 from moetune.resources import data, schema
-from moetune.yamlio import read_yaml
+from moetune.schema_check import first_error
+from moetune.yamlio import line_of, read_yaml
 
 try:  # the compiled replay (setup.py); `_replay_py` is the same loop in Python
     from moetune.analyzer._graph_loops import replay as _replay_c
@@ -43,7 +44,6 @@ except ImportError:  # pragma: no cover - built at install; a machine without a 
     _replay_c = None
 
 WHATIF_PATH = data("moetune.analyzer", "whatif.yaml")
-KINDS = ("drop_recompute", "fold_micro_batches", "group_expert_gemms", "capture_launches")
 _US = 1_000
 # Relative error of a replayed gain when a transform states none: Daydream reports most
 # predictions within 10-15 % of measured, Lumos 3 %; ours are cruder (no module names).
@@ -58,24 +58,27 @@ SHIPPED_PATH = WHATIF_PATH
 
 @cache
 def transforms() -> dict[str, dict[str, Any]]:
-    """The transform catalog (whatif.yaml). The shipped file is validated by the tests
-    (tests/test_whatif.py), any other here: importing jsonschema alone costs ~0.1 s of every
-    diagnosis."""
-    doc, _ = read_yaml(WHATIF_PATH)
-    if WHATIF_PATH != SHIPPED_PATH:
-        validate_transforms(doc, WHATIF_PATH)
+    """The transform catalog (whatif.yaml), validated at every load (moetune.schema_check: no
+    jsonschema import on the diagnosis path)."""
+    doc, lines = read_yaml(WHATIF_PATH)
+    validate_transforms(doc, WHATIF_PATH, lines)
     return dict(doc["transforms"])
 
 
-def validate_transforms(doc: Any, path: Any) -> None:
-    """UserError naming the first place where `doc` breaks schemas/whatif.schema.json."""
-    import jsonschema
-
-    errors = sorted(jsonschema.Draft202012Validator(json.loads(schema("whatif").read_text()))
-                    .iter_errors(doc), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        raise UserError(f"{'/'.join(map(str, e.absolute_path))}: {e.message}", path=path)
+def validate_transforms(doc: Any, path: Any, lines: Mapping[tuple, int] | None = None) -> None:
+    """UserError naming the first place where `doc` breaks schemas/whatif.schema.json, whose
+    `kind` enum tests/test_extension_points.py holds equal to `KIND_FUNCS`."""
+    err = first_error(doc, json.loads(schema("whatif").read_text()))
+    for tid, spec in doc["transforms"].items() if err is None else ():
+        if spec["kind"] not in KIND_FUNCS:  # the schema's enum ran ahead of the registry
+            err = (("transforms", tid, "kind"),
+                   f"{spec['kind']!r} has no function in KIND_FUNCS (analyzer/whatif.py)")
+            break
+    if err:
+        at, message = err
+        line = line_of(lines or {}, at)
+        raise UserError(f"{'/'.join(map(str, at))}: {message}",
+                        path=f"{path}:{line}" if line else path)
 
 
 # --------------------------------------------------------------------------- the step's graph
@@ -461,8 +464,15 @@ def capture_launches(ep: Episode, params: Mapping[str, float], _ctx: Mapping[str
     return e
 
 
-KIND_FUNCS = {"drop_recompute": drop_recompute, "fold_micro_batches": fold_micro_batches,
-              "group_expert_gemms": group_expert_gemms, "capture_launches": capture_launches}
+# The registry of transform kinds: a whatif.yaml `kind` names one of these functions. The kind enum
+# of schemas/whatif.schema.json is checked against it (tests/test_extension_points.py);
+# docs/extending.md walks adding one.
+KIND_FUNCS = {
+    "drop_recompute": drop_recompute,
+    "fold_micro_batches": fold_micro_batches,
+    "group_expert_gemms": group_expert_gemms,
+    "capture_launches": capture_launches,
+}
 
 
 # --------------------------------------------------------------------------- estimates

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "contract": ("contract", "validate a measurement contract, or build one from a Megatron log"),
     "recommend": ("recommend", "rank one-knob Megatron changes that attack the dominant wall"),
     "rules": ("rules_cmd", "list, explain and validate tuning rules"),
+    "classify": ("classify", "say which kernel_classes.yaml entry classifies an event name"),
     "fit": ("fit", "plan parallel layouts that fit memory, ranked"),
     "run": ("run_cmd", "run one knob change against the baseline (A/B screens, confirm, verdict)"),
     "tune": ("tune", "closed loop: profile, diagnose, recommend, validate, accept (resumable)"),

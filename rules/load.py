@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 SCHEMAS = data("moetune.schemas")
 CATALOG = data("moetune.rules", "catalog")
+WHATIF = data("moetune.analyzer", "whatif.yaml")
+FIXTURES_FOLDER = "fixtures"  # <rule folder>/fixtures/: its rules' scenarios, not rules
 # Pseudo metric: seconds of GPU window analyzed (all steps, all ranks); see rules/engine.py.
 WINDOW = "window_s"
 
@@ -246,6 +248,14 @@ def _predicate_problem(p: expr.Predicate, knob_names: Iterable[str]) -> str | No
 # ----------------------------------------------------------------------------- rules
 
 
+@cache
+def whatif_transforms() -> dict[str, Any]:
+    """The transforms of analyzer/whatif.yaml a rule's `expected_gain.whatif` may name (read as
+    plain YAML: analyzer.whatif, which validates it, pulls numpy and polars into `rules check`)."""
+    doc, _ = read_yaml(WHATIF)
+    return dict(doc.get("transforms") or {}) if isinstance(doc, dict) else {}
+
+
 def check_rule_file(path: Path, catalog: Catalog) -> tuple[Rule | None, list[Problem]]:
     """Validate one rule file; return the rule (when valid) and every problem found."""
     try:
@@ -300,6 +310,15 @@ def check_rule_file(path: Path, catalog: Catalog) -> tuple[Rule | None, list[Pro
     rec = gain.get("recoverable", {})
     if "metric" in rec and not diagnosis_path_ok(rec["metric"]):
         bad(("expected_gain", "recoverable", "metric"), f"unknown metric path {rec['metric']!r}")
+    named = gain.get("whatif", [])
+    for tid in [named] if isinstance(named, str) else named:
+        spec = whatif_transforms().get(tid)
+        if spec is None:
+            bad(("expected_gain", "whatif"),
+                f"unknown what-if transform {tid!r} (not in analyzer/whatif.yaml)")
+        elif spec.get("knob") != change["knob"]:
+            bad(("expected_gain", "whatif"), f"what-if transform {tid!r} models "
+                f"{spec.get('knob')}, the rule changes {change['knob']}")
     for key in ("efficiency", "fixed"):
         if key in gain and gain[key][0] > gain[key][1]:
             bad(("expected_gain", key), f"{key} range must be [low, high]")
@@ -330,9 +349,12 @@ def _find_predicate(raw: Any, p: expr.Predicate, at: tuple) -> tuple | None:
 
 
 def rule_files(folder: Path) -> list[Path]:
+    """The rule files of a folder, at any depth, except its `fixtures/` (the scenarios its rules
+    name: rules/scenarios.py)."""
     if not folder.is_dir():
         raise UserError("rules folder not found", path=folder)
-    return sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    return sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()
+                  and p.relative_to(folder).parts[0] != FIXTURES_FOLDER)
 
 
 def check_rules(folder: Path, catalog: Catalog | None = None) -> tuple[dict[str, Rule], list[Problem]]:

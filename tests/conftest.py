@@ -35,3 +35,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The changed fields of every golden document that differed, grouped across documents: a
+    rule added to the catalog reads as one line, not one failure per document to eyeball."""
+    from tests import golden
+
+    lines = golden.summary()
+    if lines:
+        terminalreporter.section("golden documents")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -2,7 +2,11 @@
 kept beside the trace (`golden/` in its folder) and compared byte for byte by
 tests/test_golden.py.
 
-Refresh them on purpose only, after a change meant to alter the documents:
+A document that differs fails with what it pins (its command line) and its changed fields, one
+line each (`recommendations[rule=host.cuda-graphs].gain.speedup.low: 0.12 → 0.15`: list items
+by their identity key, so an added rule is one line); at the end of the session one summary
+groups the changes of every differing document (tests/conftest.py). Refresh them on purpose
+only, after a change meant to alter the documents, and say in the commit which fields moved:
 
     python -m pytest tests/test_golden.py --update-golden
 
@@ -21,6 +25,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = Path("fixtures/traces")
@@ -105,3 +110,132 @@ def document(case: Case, command: str) -> str | None:
     body = {"document": json.loads(text)} if text.strip() else {"stderr": err.strip()}
     return json.dumps({"exit_code": code, **body}, indent=1, sort_keys=True,
                       ensure_ascii=False) + "\n"
+
+
+# --------------------------------------------------------------------------- what changed
+
+_IDENTITY = ("rule", "id", "kclass", "knob", "name", "path", "role", "step", "rank", "file", "claim",
+             "feature", "transform", "direction", "wall")
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Change:
+    """One changed field of a document: `path` as `a.b[rule=x].c` (list items by their identity
+    key where they have one, else by index); `old`/`new` are absent for an added/removed field."""
+
+    path: str
+    old: Any = _MISSING
+    new: Any = _MISSING
+
+    def __str__(self) -> str:
+        if self.old is _MISSING:
+            return f"{self.path}: added {_short(self.new)}"
+        if self.new is _MISSING:
+            return f"{self.path}: removed (was {_short(self.old)})"
+        if isinstance(self.old, list) and isinstance(self.new, list):
+            return f"{self.path}: {len(self.old)} → {len(self.new)} items"
+        return f"{self.path}: {_short(self.old)} → {_short(self.new)}"
+
+
+def changes(old: Any, new: Any, path: str = "") -> list[Change]:
+    """The fields that differ between two JSON documents, deepest first-differing field each:
+    a rule added to a list is one change, not a shifted tail of every later item."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[Change] = []
+        for k in sorted(old.keys() | new.keys()):
+            sub = f"{path}.{k}" if path else str(k)
+            if k not in new:
+                out.append(Change(sub, old[k]))
+            elif k not in old:
+                out.append(Change(sub, new=new[k]))
+            else:
+                out += changes(old[k], new[k], sub)
+        return out
+    if isinstance(old, list) and isinstance(new, list):
+        key = _identity(old, new)
+        if key is not None:
+            a = {item[key]: item for item in old}
+            b = {item[key]: item for item in new}
+            out = []
+            for ident in [*a, *(i for i in b if i not in a)]:
+                sub = f"{path}[{key}={ident}]"
+                if ident not in b:
+                    out.append(Change(sub, a[ident]))
+                elif ident not in a:
+                    out.append(Change(sub, new=b[ident]))
+                else:
+                    out += changes(a[ident], b[ident], sub)
+            if not out and list(a) != list(b):
+                out.append(Change(f"{path} (order)", list(a), list(b)))
+            return out
+        out = [Change(path, old, new)] if len(old) != len(new) else []
+        for i, (x, y) in enumerate(zip(old, new, strict=False)):
+            out += changes(x, y, f"{path}[{i}]")
+        return out
+    if old == new and type(old) is type(new):
+        return []
+    return [Change(path, old, new)]
+
+
+def _identity(old: list, new: list) -> str | None:
+    """The first identity key every item of both lists has, unique within each list."""
+    items = [*old, *new]
+    if not items or not all(isinstance(x, dict) for x in items):
+        return None
+    for key in _IDENTITY:
+        if all(key in x and isinstance(x[key], str | int) for x in items) and all(
+                len({x[key] for x in side}) == len(side) for side in (old, new)):
+            return key
+    return None
+
+
+def _short(value: Any, limit: int = 70) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+UPDATE = "python -m pytest tests/test_golden.py --update-golden"
+# Changed fields of every golden document that differed in this session, for the one summary
+# tests/conftest.py prints at the end (a rule added is one line there, not one per document).
+SESSION: list[tuple[str, list[Change]]] = []
+
+
+def describe(case: Case, command: str, want: str, got: str, limit: int = 40) -> str:
+    """The failure message of a golden document that differs: what it pins (the command line),
+    the changed fields, and the command that rewrites it."""
+    try:
+        found = changes(json.loads(want), json.loads(got))
+    except json.JSONDecodeError:  # a hand-edited file: nothing to compare field by field
+        found = [Change("(file)", "not JSON", "the document")]
+    SESSION.append((f"{case.name} {command}", found))
+    lines = [f"{case.golden(command)} pins `moetune {' '.join(argv(case, command) or [])}`; "
+             f"{len(found)} field(s) changed:"]
+    lines += [f"  {c}" for c in found[:limit]]
+    if len(found) > limit:
+        lines.append(f"  … and {len(found) - limit} more")
+    lines.append(f"If the change is meant: {UPDATE} (and say in the commit which fields moved "
+                 "and why)")
+    return "\n".join(lines)
+
+
+def summary(session: list[tuple[str, list[Change]]] = SESSION) -> list[str]:
+    """One line per changed field path across all differing documents, with how often each
+    change occurred: `recommendations[rule=x]: added (in 12 documents)`."""
+    if not session:
+        return []
+    by_path: dict[str, list[str]] = {}
+    for _, found in session:
+        for c in found:
+            text = str(c)[len(c.path) + 2:]
+            by_path.setdefault(c.path, []).append(text)
+    out = [f"{len(session)} golden document(s) differ; the changed fields:"]
+    for path, seen in sorted(by_path.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        counts: dict[str, int] = {}
+        for s in seen:
+            counts[s] = counts.get(s, 0) + 1
+        shown = ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in list(counts.items())[:3])
+        more = f", … {len(counts) - 3} other values" if len(counts) > 3 else ""
+        out.append(f"  {path} (in {len(seen)} document(s)): {shown}{more}")
+    out.append(f"If the changes are meant: {UPDATE}")
+    return out

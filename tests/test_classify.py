@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from moetune.analyzer.classify import class_table, classify, load_classes
+from moetune.analyzer.classify import CLASSES_PATH, claim, class_table, classify, load_classes
 
 from moetune.errors import UserError
 from tests.diagnose_synthetic import ev, frame
@@ -42,8 +42,42 @@ SIGNATURES = [
     ("void transformer_engine::fused_router::fused_topk_with_score_function_forward_kernel<float>", "compute.router"),
     ("_row_id_map_pass_1_kernel", "compute.permute"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "compute.elementwise"),
+    ("void deep_ep::intranode::barrier<8>(int**, int)", "comm.deepep.other"),
+    ("nccl_ep_jit_dispatch_kernel", "comm.ncclep"),
+    # TE casts name their FP8 output type: the FP8-GEMM entry's 'e4m3' must not claim them
+    ("void transformer_engine::cast_transpose_general_kernel<8ul, 8ul, __nv_bfloat16, __nv_fp8_e4m3>"
+     "(__nv_bfloat16 const*, float const*, __nv_fp8_e4m3*, __nv_fp8_e4m3*)", "compute.fp8_cast"),
+    ("void transformer_engine::mxfp8_kernel::cast_mxfp8_2D_kernel<false, false, false, float, "
+     "__nv_bfloat16, __nv_fp8_e4m3, true, true, 64ul, 64ul, 64ul>(CUtensorMap)", "compute.fp8_cast"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+     "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<c10::"
+     "BFloat16, 4, (at::native::ADAM_MODE)1, false>>", "compute.optimizer"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, false>"
+     "(int, float, c10::BFloat16 const*)", "compute.norm"),
     ("some_unknown_kernel", "compute.other"),
 ]
+# Events other than kernels (kind, name, bytes) → class: copies by direction, memory kind and size
+# (CUPTI's names, as fixtures/traces/ hold them), memsets, nsys graph rows, runtime calls.
+EVENTS = [
+    ("memcpy", "Memcpy DtoH (Device -> Pinned)", 8 << 20, "memory.offload"),
+    ("memcpy", "Memcpy HtoD (Pageable -> Device)", 8 << 20, "memory.pageable"),
+    ("memcpy", "Memcpy DtoH (Device -> Pinned)", 4, "memory.memcpy.dtoh"),
+    ("memcpy", "Memcpy HtoD (Pinned -> Device)", 4, "memory.memcpy.htod"),
+    ("memcpy", "Memcpy DtoD (Device -> Device)", 4, "memory.memcpy.dtod"),
+    ("memcpy", "Memcpy PtoP (Device -> Device)", 4, "memory.memcpy.ptop"),
+    ("memcpy", "Memcpy HtoH (Pinned -> Pinned)", 4, "memory.memcpy.other"),
+    ("memset", "Memset (Device)", 4, "memory.memset"),
+    ("graph", "CUDA graph 3", None, "compute.graph_replay"),
+    ("runtime", "cudaGraphLaunch_v10000", None, "graph_launch"),
+    ("runtime", "cudaLaunchKernel", None, "launch"),
+    ("runtime", "cudaStreamSynchronize", None, "sync"),
+    ("runtime", "cudaMemcpy", None, "memcpy_api"),
+    ("runtime", "cudaMemcpyAsync", None, "memcpy_api"),
+    ("runtime", "cudaEventRecord", None, "event_record"),
+    ("runtime", "cudaStreamWaitEvent", None, "stream_wait_event"),
+    ("runtime", "cudaFuncSetAttribute", None, "other"),
+]
+EXAMPLES = [("kernel", n, None, k) for n, k in SIGNATURES] + EVENTS
 
 
 @pytest.mark.parametrize(("name", "kclass"), SIGNATURES)
@@ -51,6 +85,47 @@ def test_signatures(name: str, kclass: str) -> None:
     out = classify(frame([ev("kernel", name, 0, 10)]))
     assert out["kclass"].to_list() == [kclass]
     assert out["wall"].cast(pl.String).to_list() == [kclass.split(".")[0].replace("comm", "communication")]
+
+
+@pytest.mark.parametrize(("kind", "name", "nbytes", "label"), EXAMPLES,
+                         ids=[f"{k}-{lab}-{i}" for i, (k, _, _, lab) in enumerate(EXAMPLES)])
+def test_claim_agrees_with_classify(kind: str, name: str, nbytes: int | None, label: str) -> None:
+    c = claim(name, kind=kind, nbytes=nbytes)
+    copy = {"copy_kind": name[7:11]} if kind == "memcpy" else {}  # as the readers read it
+    row = classify(frame([ev(kind, name, 0, 10, bytes=nbytes, **copy)])).row(0, named=True)
+    assert c.label == label == (row["rclass"] if kind == "runtime" else row["kclass"])
+    assert c.blocking == row["blocking"]
+
+
+def test_every_entry_claims_an_example() -> None:
+    """Each gpu and runtime entry of kernel_classes.yaml is the FIRST fit of some example above: an
+    entry whose examples an earlier entry already claims is dead, and a new entry's example line
+    fails here until the entry really is the one that classifies it (`moetune classify NAME` says
+    which entry does)."""
+    cl = load_classes()
+    claimed: dict[tuple[str, int], list[str]] = {}
+    for kind, name, nbytes, _ in EXAMPLES:
+        c = claim(name, kind=kind, nbytes=nbytes)
+        claimed.setdefault((c.section, c.entry), []).append(f"{name[:60]!r}")
+    dead = []
+    for section, entries in (("gpu", cl.gpu), ("runtime", cl.runtime)):
+        for i, entry in enumerate(entries, 1):
+            if (section, i) not in claimed:
+                label = entry.get("kclass") or entry.get("rclass")
+                dead.append(f"entry {i} of {section} ({label}) classifies none of the examples: add "
+                            "a name only it claims, or find the earlier entry that claims yours")
+    assert not dead, "\n".join(dead)
+
+
+def test_claim_names_the_entry_and_what_it_shadows() -> None:
+    c = claim("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)")
+    cl = load_classes()
+    assert cl.gpu[c.entry - 1]["kclass"] == "comm.nccl.allreduce" == c.label
+    assert c.sentence() == f"classified by entry {c.entry} of gpu in kernel_classes.yaml (line {c.line})"
+    shadowed = [label for _, _, label in c.shadowed]
+    assert shadowed == ["comm.nccl.other", "compute.other"]  # later fits, never reached
+    lines = CLASSES_PATH.read_text().splitlines()
+    assert lines[c.line - 1].strip() == "- kclass: comm.nccl.allreduce"
 
 
 def test_copies_offload_and_runtime_classes() -> None:
@@ -118,10 +193,35 @@ def test_invalid_yaml_is_a_user_error(tmp_path) -> None:
 
 
 def test_shipped_yaml_validates() -> None:
-    """load_classes() skips the schema check for the shipped file (import cost): it is made here."""
+    """The shipped file passes the schema check every load_classes() runs."""
     import yaml
     from moetune.analyzer.classify import CLASSES_PATH, validate_classes
 
     validate_classes(yaml.safe_load(CLASSES_PATH.read_text()), CLASSES_PATH)
     cl = load_classes()
     assert "comm.deepep.dispatch" in cl.kclasses and cl.size_thresholds == [1 << 20]
+
+
+def test_classify_command_names_the_entry(tmp_path) -> None:
+    import json
+
+    import jsonschema
+
+    from tests.golden import ROOT, run_cli
+
+    name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)"
+    code, out, _ = run_cli(["classify", name])
+    c = claim(name)
+    assert code == 0 and out.splitlines()[:2] == [
+        name, f"  comm.nccl.allreduce (communication): classified by entry {c.entry} of gpu in "
+        f"kernel_classes.yaml (line {c.line})"]
+    assert "also fits, never reached: entry" in out
+    code, out, _ = run_cli(["classify", "--json", "--kind", "runtime", "cudaStreamSynchronize"])
+    doc = json.loads(out)
+    jsonschema.validate(doc, json.loads((ROOT / "schemas/classify.schema.json").read_text()))
+    assert (doc["names"][0]["class"], doc["names"][0]["blocking"]) == ("sync", True)
+    bad = tmp_path / "classes.yaml"
+    bad.write_text("schema: moetune.kernel_classes/1\ngpu:\n  - kclass: compute.x\n    wall: compute\n"
+                   "    match: {regex: ['(']}\nruntime:\n  - rclass: other\n    match: {regex: ['.*']}\n")
+    code, out, err = run_cli(["classify", "--classes", str(bad), "x"])
+    assert code == 2 and out == "" and err.startswith(f"moetune: {bad}: cannot match") and err.count("\n") == 1

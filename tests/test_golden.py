@@ -3,7 +3,6 @@ golden file (tests/golden.py); `--update-golden` rewrites them on purpose."""
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import subprocess
@@ -26,12 +25,10 @@ def test_document_matches_golden(case: golden.Case, command: str, update_golden:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         return
-    assert path.is_file(), f"no golden document {path}: run pytest {__file__} --update-golden"
+    assert path.is_file(), f"no golden document {path}: run {golden.UPDATE}"
     want = path.read_text(encoding="utf-8")
     if text != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True),
-                                            str(path), "now", n=2))
-        pytest.fail(f"{case.name} {command} differs from {path}:\n{diff[:6000]}")
+        pytest.fail(golden.describe(case, command, want, text), pytrace=False)
 
 
 def test_no_stale_golden_files() -> None:

@@ -104,7 +104,7 @@ def test_a_scoped_capture_recovers_less_than_the_whole_step() -> None:
 
 
 def test_the_shipped_transform_catalog_is_valid() -> None:
-    """transforms() skips validating the shipped file at run time: this is its validation."""
+    """The shipped catalog passes the check every load runs (transforms()); a bad kind fails it."""
     from moetune.yamlio import read_yaml
 
     doc, _ = read_yaml(whatif.SHIPPED_PATH)
@@ -122,7 +122,18 @@ def test_a_malformed_transform_catalog_names_the_file(tmp_path: Path, monkeypatc
     monkeypatch.setattr(whatif, "WHATIF_PATH", bad)
     whatif.transforms.cache_clear()
     try:
-        with pytest.raises(UserError, match=r"whatif.yaml: transforms/x/kind"):
+        with pytest.raises(UserError, match=r"whatif.yaml:5: transforms/x/kind: 'teleport' is not one of"):
+            whatif.transforms()
+    finally:
+        whatif.transforms.cache_clear()
+
+
+def test_a_kind_the_schema_lists_but_the_registry_lacks_is_one_line(monkeypatch) -> None:
+    monkeypatch.delitem(whatif.KIND_FUNCS, "capture_launches")
+    whatif.transforms.cache_clear()
+    try:
+        with pytest.raises(UserError, match=r"whatif.yaml:\d+: transforms/cuda_graphs/kind: "
+                           "'capture_launches' has no function in KIND_FUNCS"):
             whatif.transforms()
     finally:
         whatif.transforms.cache_clear()

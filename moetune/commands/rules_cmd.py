@@ -1,7 +1,9 @@
 """`moetune rules list | show ID | check DIR`: browse and validate the rule catalog.
 
-`check` loads a folder of rule files exactly as `recommend --rules DIR` would and prints every
-problem as `file:line: message` (exit 1 when there is any).
+`check` loads a folder of rule files exactly as `recommend --rules DIR` would, then runs each
+rule on the fixtures it names (moetune/rules/check.py: they must exist, and it must fire on its
+`fires`, stay quiet on its `quiet`, be blocked on its `blocked`), and prints every problem as
+`file:line: message` (exit 1 when there is any). docs/extending.md walks writing a rule.
 """
 
 from __future__ import annotations
@@ -28,8 +30,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     show = sub.add_parser("show", help="everything about one rule")
     show.add_argument("id", metavar="ID")
     show.add_argument("--rules", action="append", default=[], metavar="DIR", help="extra rule folder")
-    chk = sub.add_parser("check", help="validate a folder of rule files (file:line: problem)")
+    chk = sub.add_parser("check", help="validate a folder of rules and run each on its fixtures",
+                         description="Validate every rule file of DIR (file:line: problem), then "
+                         "run each rule on the fixtures it names: it must fire on `fires`, stay "
+                         "quiet on `quiet` and be blocked on `blocked`. Fixtures are found in "
+                         "--fixtures folders, DIR/fixtures/, then the source checkout's "
+                         "fixtures/diagnoses/ (format: fixtures/diagnoses/README.md).")
     chk.add_argument("folder", metavar="DIR")
+    chk.add_argument("--fixtures", action="append", default=[], metavar="FDIR",
+                     help="a folder of scenario fixtures, searched first (repeatable)")
     return p
 
 
@@ -37,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from moetune.rules.load import load_catalog, load_rules
 
     if args.rules_command == "check":
-        return _check(Path(args.folder))
+        return _check(Path(args.folder), [Path(d) for d in args.fixtures])
     rules = load_rules([Path(d) for d in args.rules])
     catalog = load_catalog()
     if args.rules_command == "list":
@@ -60,14 +69,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(folder: Path) -> int:
-    from moetune.rules.load import check_rules
+def _check(folder: Path, fixture_dirs: list[Path]) -> int:
+    from moetune.rules.check import check_folder
 
-    rules, problems = check_rules(folder)
-    for p in problems:
+    for d in fixture_dirs:
+        if not d.is_dir():
+            raise UserError("fixtures folder not found", path=d)
+    done = check_folder(folder, fixture_dirs)
+    for p in done.problems:
         print(p)
-    print(f"{len(rules)} rule(s) valid, {len(problems)} problem(s) in {folder}", file=sys.stderr)
-    if problems:
+    where = ", ".join(map(str, done.fixtures)) or "none found"
+    print(f"{len(done.rules)} rule(s) valid, {done.runs} fixture outcome(s) checked, "
+          f"{len(done.problems)} problem(s) in {folder} (fixtures: {where})", file=sys.stderr)
+    if done.problems:
         raise GateFailed()
     return 0
 

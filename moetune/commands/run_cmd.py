@@ -18,6 +18,8 @@ DEFAULT_WORKDIR = Path(".moetune") / "runs"
 
 
 def add_exec_options(p: argparse.ArgumentParser) -> None:
+    from moetune.executor.launchers import NAMES as LAUNCHERS  # the registry (choices follow it)
+
     p.add_argument("--cmd", metavar="COMMAND",
                    help="training command to tune, e.g. \"torchrun … pretrain_gpt.py …\" "
                    "(default: the bundled MoE GPT workload, `python -m moetune.executor.workloads.moe_gpt`)")
@@ -30,7 +32,7 @@ def add_exec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contract", metavar="FILE", help="measurement contract (YAML/JSON)")
     p.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER, help=f"SQLite ledger (default {DEFAULT_LEDGER})")
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where run logs and traces go")
-    p.add_argument("--launcher", choices=["local", "torchrun", "slurm", "nemo_run"], default="local",
+    p.add_argument("--launcher", choices=LAUNCHERS, default="local",
                    help="local runs --cmd as is (it may itself be torchrun …)")
     p.add_argument("--nproc-per-node", type=int, default=1, help="torchrun/nemo_run processes")
     p.add_argument("--nodes", type=int, default=1, help="Slurm nodes")
