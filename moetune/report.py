@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,66 +23,26 @@ import polars as pl
 from moetune.analysis import Analysis, analyze_trace, read_contract
 from moetune.errors import UserError
 from moetune.redact import redact_metadata, redact_text
+from moetune.report_data import ReportData, Timeline
+from moetune.report_format import short
+from moetune.report_page import (
+    LANE_BINS,
+    LANE_MAX_BOXES,
+    MAX_LANES,
+    MEMORY_POINTS,
+    NS,
+    PATH_LANE,
+    PATH_MAX_BOXES,
+    TOP_EDGES,
+    TOP_N,
+    PlotlyMissing,
+    plotly_modules,
+    render,
+)
 
-WALL_COLORS: dict[str, str] = {"compute": "#4c78a8", "communication": "#f58518",
-                               "memory": "#54a24b", "host": "#e45756", "other": "#9d9d9d"}
-# memory kinds of copies: apart from the walls' colours (a red copy is not host time)
-MEMORY_KIND_COLORS: dict[str, str] = {"device": "#72b7b2", "pinned": "#b279a2",
-                                      "pageable": "#ff9da6", "managed": "#9d755d"}
-# Boxes per timeline lane before its events are merged into time bins: plotly draws each bar as
-# an SVG path, and a few thousand keep zooming fluid.
-LANE_MAX_BOXES = 600
-LANE_BINS = 400
-PATH_LANE = "critical path"
-PATH_MAX_BOXES = 3000  # the critical path is one lane, and the one read closest
-MAX_LANES = 16  # GPU streams and host threads of the median step, busiest first
-MEMORY_POINTS = 1500
-TOP_N = 15
-TOP_EDGES = 8
-NS = 1e-9
-
-
-class PlotlyMissing(UserError):
-    """The `report` extra is not installed."""
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """The median step of one rank, ready to draw (times in ns from the step's start)."""
-
-    rank: int
-    step: int
-    length_ns: int
-    boxes: pl.DataFrame      # lane, start, end, wall, label, n (events merged into the box)
-    path: pl.DataFrame       # the critical path's boxes (runs of one wall merged), as `boxes`
-    edges: list[dict[str, Any]]  # blocking edges: src_lane, src_start, src_end (the awaited
-    #                              communication on the path), dst_lane, dst_start, label, on_path
-    lanes: list[str]         # lane names, top to bottom
-    merged: dict[str, int]   # lane -> events shown as bins (lanes over LANE_MAX_BOXES only)
-    lanes_dropped: int = 0   # quietest lanes left out above MAX_LANES
-
-
-@dataclass(frozen=True)
-class ReportData:
-    """Everything the page shows; `render` reads nothing else."""
-
-    files: list[str]
-    analysis: Analysis | None
-    problem: str | None = None          # why there is no diagnosis (no GPU work, no step, …)
-    advice: dict[str, Any] | None = None
-    advice_problem: str | None = None
-    timeline: Timeline | None = None
-    cpu_ops: pl.DataFrame | None = None  # name, count, per_step_s (inclusive)
-    memory: pl.DataFrame | None = None   # t_ms, allocated_gib, reserved_gib (median step, rank)
-    memory_binned: bool = False
-    metadata: list[dict[str, Any]] = field(default_factory=list)
-    ledger: dict[str, Any] | None = None
-    ledger_problem: str | None = None
-    ledger_name: str | None = None
-    baseline: ReportData | None = None
-    diff: dict[str, Any] | None = None
-    contract_given: bool = False
-
+# the page's half, re-exported: `moetune.report` is the module commands and tests use
+__all__ = ["LANE_BINS", "LANE_MAX_BOXES", "PlotlyMissing", "ReportData", "Timeline", "collect",
+           "downsample", "merge_runs", "plotly_modules", "render", "write"]
 
 # --------------------------------------------------------------------------- reading
 
@@ -367,23 +326,6 @@ def cpu_ops(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame | None:
 
 
 # --------------------------------------------------------------------------- rendering
-
-
-def short(s: str, n: int = 90) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
-def plotly_modules() -> tuple[Any, Any]:
-    from moetune.report_page import plotly_modules as pm
-
-    return pm()
-
-
-def render(data: ReportData) -> str:
-    """One HTML document (moetune/report_page.py)."""
-    from moetune.report_page import render as page_render
-
-    return page_render(data)
 
 
 def write(data: ReportData, out: str | Path) -> Path:

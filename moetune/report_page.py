@@ -6,32 +6,44 @@ file is read here. Every string that came from a trace or a ledger passes `redac
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
+from moetune.errors import UserError
 from moetune.redact import redact_text
-from moetune.report import (
-    LANE_BINS,
-    LANE_MAX_BOXES,
-    MAX_LANES,
+from moetune.report_data import ReportData, Timeline
+from moetune.report_decisions import DecisionSections
+from moetune.report_format import (
     MEMORY_KIND_COLORS,
-    MEMORY_POINTS,
-    PATH_LANE,
-    PATH_MAX_BOXES,
-    TOP_EDGES,
-    TOP_N,
     WALL_COLORS,
-    PlotlyMissing,
+    chart_text,
+    collective,
+    esc,
+    ms,
     short,
+    steps_text,
 )
 from moetune.resources import data as data_file
 from moetune.vocabulary import WALLS
 
-if TYPE_CHECKING:
-    from moetune.report import ReportData, Timeline
+# Boxes per timeline lane before its events are merged into time bins: plotly draws each bar as
+# an SVG path, and a few thousand keep zooming fluid.
+LANE_MAX_BOXES = 600
+LANE_BINS = 400
+PATH_LANE = "critical path"
+PATH_MAX_BOXES = 3000  # the critical path is one lane, and the one read closest
+MAX_LANES = 16  # GPU streams and host threads of the median step, busiest first
+MEMORY_POINTS = 1500
+TOP_N = 15
+TOP_EDGES = 8
+NS = 1e-9
+
+
+class PlotlyMissing(UserError):
+    """The `report` extra is not installed."""
+
 
 def plotly_modules() -> tuple[Any, Any]:
     """plotly's graph_objects and offline modules, or a one-line PlotlyMissing."""
@@ -70,27 +82,7 @@ def _title(data: ReportData) -> str:
     return f"moetune report · {redact_text(shown)}"
 
 
-def _e(x: Any) -> str:
-    """Trace- or ledger-derived text for the page: credentials redacted, HTML escaped."""
-    return html.escape(redact_text("" if x is None else str(x)))
-
-
-def _r(x: Any) -> str:
-    """Text for a chart label (plotly escapes it itself)."""
-    return redact_text("" if x is None else str(x))
-
-
-def _ms(s: float | None) -> str:
-    return "—" if s is None else f"{s * 1e3:,.2f} ms"
-
-
-def _pct(x: float | None, signed: bool = False) -> str:
-    if x is None:
-        return "—"
-    return f"{x * 100:+.1f} %" if signed else f"{x * 100:.1f} %"
-
-
-class _Page:
+class _Page(DecisionSections):
     """Sections appended in order; each chart becomes a div with a stable id."""
 
     def __init__(self, go: Any) -> None:
@@ -145,30 +137,30 @@ class _Page:
         if d is not None:
             w = d.get("window") or {}
             steps = d.get("steps") or []
-            cards = [("median step", _ms(d.get("step_time_s"))),
+            cards = [("median step", ms(d.get("step_time_s"))),
                      ("dominant wall", d.get("dominant_wall") or "—"),
                      ("ranks analysed", str(len(d.get("ranks_analyzed") or []))),
-                     ("steps analysed", _steps_text(steps)),
+                     ("steps analysed", steps_text(steps)),
                      ("steps from", w.get("step_source") or "—")]
             cp = d.get("critical_path") or {}
             if cp.get("paced_by"):
                 cards.append(("paced by", cp["paced_by"]))
         body = "".join(f'<div class="card"><div class="k">{html.escape(k)}</div>'
-                       f'<div class="v">{_e(v)}</div></div>' for k, v in cards)
+                       f'<div class="v">{esc(v)}</div></div>' for k, v in cards)
         body = f'<div class="cards">{body}</div>' if body else ""
         if data.problem:
-            body += self.missing(f"No diagnosis: {_e(data.problem)}. The sections that need steps "
+            body += self.missing(f"No diagnosis: {esc(data.problem)}. The sections that need steps "
                                  "(walls, timeline, kernels, ranks, memory, advice) are left out.")
         if d is not None:
             w = d.get("window") or {}
             dropped = w.get("dropped_incomplete") or []
-            body += (f"<p>Steady window: {_e(w.get('declared') or 'all complete steps')}; steps "
-                     f"found {_e(_steps_text(w.get('steps_found') or []))}"
-                     + (f", dropped as incomplete {_e(_steps_text(dropped))}" if dropped else "")
+            body += (f"<p>Steady window: {esc(w.get('declared') or 'all complete steps')}; steps "
+                     f"found {esc(steps_text(w.get('steps_found') or []))}"
+                     + (f", dropped as incomplete {esc(steps_text(dropped))}" if dropped else "")
                      + ".</p>")
-        rows = [[_e(m["rank"]), _e(m["file"]), _e(m["format"]), _e(m["device"] or "—"),
-                 _e(f"{m['memory_gib']:.1f} GiB" if m["memory_gib"] else "—"), _e(m["sms"] or "—"),
-                 _e(m["world_size"] or "—"), _e(m["backend"] or "—"), _e(m["nccl"] or "—")]
+        rows = [[esc(m["rank"]), esc(m["file"]), esc(m["format"]), esc(m["device"] or "—"),
+                 esc(f"{m['memory_gib']:.1f} GiB" if m["memory_gib"] else "—"), esc(m["sms"] or "—"),
+                 esc(m["world_size"] or "—"), esc(m["backend"] or "—"), esc(m["nccl"] or "—")]
                 for m in data.metadata]
         if rows:
             body += self.table(["rank", "file", "format", "GPU", "memory", "SMs", "world size",
@@ -176,7 +168,7 @@ class _Page:
         warnings = (d or {}).get("warnings") or []
         if warnings:
             body += "<details><summary>" + f"{len(warnings)} warning(s)</summary><ul>" + "".join(
-                f"<li>{_e(x)}</li>" for x in warnings) + "</ul></details>"
+                f"<li>{esc(x)}</li>" for x in warnings) + "</ul></details>"
         self.section("run", "The run", body, note="Metadata shown: the readers' whitelist (device, "
                      "distributed info), credential-shaped text redacted.")
 
@@ -226,7 +218,7 @@ class _Page:
                 continue
             starts = p["start"].to_list() + b["start"].to_list()
             durs = ((p["end"] - p["start"]).to_list() + (b["end"] - b["start"]).to_list())
-            labels = [_r(short(x, 120)) for x in p["label"].to_list() + b["label"].to_list()]
+            labels = [chart_text(short(x, 120)) for x in p["label"].to_list() + b["label"].to_list()]
             fig.add_bar(name=w, orientation="h", y=ys, base=[s / 1e6 for s in starts],
                         x=[max(x, 1) / 1e6 for x in durs], marker_color=WALL_COLORS[w],
                         marker_line_width=0, showlegend=w not in shown,
@@ -250,7 +242,7 @@ class _Page:
                             x=[e["dst_start"] / 1e6 for e in tl.edges],
                             y=[e["dst_lane"] for e in tl.edges],
                             marker={"symbol": "triangle-right", "size": 11, "color": "#222"},
-                            customdata=[[_r(e["label"]), e["on_path"] / 1e6] for e in tl.edges],
+                            customdata=[[chart_text(e["label"]), e["on_path"] / 1e6] for e in tl.edges],
                             hovertemplate="%{customdata[0]}<br>%{customdata[1]:.3f} ms on the "
                                           "critical path<extra>blocking</extra>")
         fig.update_layout(barmode="overlay", bargap=0.25, xaxis_title="ms from the step's start",
@@ -265,7 +257,7 @@ class _Page:
                  "an arrow where the waiter is on another lane."]
         if tl.merged:
             notes.append("Downsampled: " + ", ".join(
-                f"{_e(k)} ({v:,} events)" for k, v in sorted(tl.merged.items()))
+                f"{esc(k)} ({v:,} events)" for k, v in sorted(tl.merged.items()))
                 + f" shown as {LANE_BINS} time bins each (over {LANE_MAX_BOXES} events in a lane, "
                 f"{PATH_MAX_BOXES} on the critical path), "
                 "each coloured by its busiest wall; hover for counts.")
@@ -284,7 +276,7 @@ class _Page:
         if classes:
             top = classes[:TOP_N][::-1]
             fig = go.Figure()
-            fig.add_bar(orientation="h", y=[_r(k) for k, _ in top],
+            fig.add_bar(orientation="h", y=[chart_text(k) for k, _ in top],
                         x=[v["time_s"] / nsteps * 1e3 for _, v in top],
                         marker_color=[WALL_COLORS.get(v.get("wall") or "other", "#999") for _, v in top],
                         customdata=[v["count"] for _, v in top],
@@ -294,7 +286,7 @@ class _Page:
         if ops is not None and ops.height:
             o = ops.reverse()
             fig = go.Figure()
-            fig.add_bar(orientation="h", y=[_r(short(n, 48)) for n in o["name"].to_list()],
+            fig.add_bar(orientation="h", y=[chart_text(short(n, 48)) for n in o["name"].to_list()],
                         x=[t * 1e3 for t in o["per_step_s"].to_list()], marker_color="#e45756",
                         customdata=o["per_step"].to_list(),
                         hovertemplate="%{y}: %{x:.3f} ms/step, %{customdata:.0f} calls<extra></extra>")
@@ -308,8 +300,8 @@ class _Page:
         if tk:
             body += "<h3>Top kernels</h3>" + self.table(
                 ["kernel", "class", "launches", "time / step"],
-                [[f'<span class="mono">{_e(short(k.get("name") or "?", 110))}</span>',
-                  _e(k.get("kclass")), _e(k["count"]), _ms(k["time_s"] / nsteps)] for k in tk])
+                [[f'<span class="mono">{esc(short(k.get("name") or "?", 110))}</span>',
+                  esc(k.get("kclass")), esc(k["count"]), ms(k["time_s"] / nsteps)] for k in tk])
         copies = ev.get("copies") or {}
         rows = [(direction, mem, v) for direction, mems in sorted(copies.items())
                 for mem, v in sorted(mems.items())]
@@ -325,8 +317,8 @@ class _Page:
                             "copies, %{customdata[1]:.1f} MiB<extra></extra>")
             fig.update_layout(barmode="group", yaxis_title="ms per step")
             table = self.table(["direction", "memory", "copies / step", "MiB / step", "time / step"],
-                               [[_e(dr), _e(m), f"{v['count'] / nsteps:,.1f}",
-                                 f"{v['bytes'] / 2**20 / nsteps:,.2f}", _ms(v["time_s"] / nsteps)]
+                               [[esc(dr), esc(m), f"{v['count'] / nsteps:,.1f}",
+                                 f"{v['bytes'] / 2**20 / nsteps:,.2f}", ms(v["time_s"] / nsteps)]
                                 for dr, m, v in rows])
             body += ("<h3>Copies by direction and memory kind</h3><div class=\"row\">"
                      + self.chart("copies", fig, 240) + table + "</div>")
@@ -361,7 +353,7 @@ class _Page:
         if bc:
             top = bc[:TOP_N][::-1]
             fig2 = go.Figure()
-            ys = [_r(_collective(k)) for k, _ in top]
+            ys = [chart_text(collective(k)) for k, _ in top]
             fig2.add_bar(name="p50", orientation="h", y=ys,
                          x=[v.get("p50", 0) * 1e3 for _, v in top], marker_color="#72b7b2")
             fig2.add_bar(name="max", orientation="h", y=ys,
@@ -369,10 +361,10 @@ class _Page:
             fig2.update_layout(barmode="group", xaxis_title="arrival skew, ms")
             body += self.chart("arrival-skew", fig2, 120 + 30 * len(top))
         body += "</div>"
-        body += (f"<p>Stragglers ({_e(rk.get('straggler_rule') or '')}): "
-                 f"{_e(', '.join(f'rank {s}' for s in sorted(strag, key=int)) or 'none')}. "
-                 f"Collective arrival skew over {_e(sk.get('instances', 0))} instances: p50 "
-                 f"{_ms(sk.get('p50'))}, max {_ms(sk.get('max'))}.</p>")
+        body += (f"<p>Stragglers ({esc(rk.get('straggler_rule') or '')}): "
+                 f"{esc(', '.join(f'rank {s}' for s in sorted(strag, key=int)) or 'none')}. "
+                 f"Collective arrival skew over {esc(sk.get('instances', 0))} instances: p50 "
+                 f"{ms(sk.get('p50'))}, max {ms(sk.get('max'))}.</p>")
         self.section("ranks", "Across ranks", body,
                      note="Skew: how much later the last rank reached each collective than the "
                      "first (clocks aligned on collective ends).")
@@ -384,7 +376,7 @@ class _Page:
         if m.get("peak_allocated_gib") is not None:
             body += (f"<p>Peak allocated {m['peak_allocated_gib']:.2f} GiB, reserved "
                      f"{m.get('peak_reserved_gib') or 0:.2f} GiB of "
-                     f"{m.get('device_gib') or 0:.1f} GiB (source: {_e(m.get('source'))}).</p>")
+                     f"{m.get('device_gib') or 0:.1f} GiB (source: {esc(m.get('source'))}).</p>")
         if curve is None:
             body += self.missing("No allocator events in this step: profile with "
                                  "profile_memory=True (Kineto) to see memory over the step.")
@@ -405,197 +397,7 @@ class _Page:
             note += f" Downsampled: the maximum per time bin ({MEMORY_POINTS} bins)."
         self.section("memory", "Device memory", body + self.chart("memory", fig, 280), note=note)
 
-    def audit_section(self, audit: Mapping[str, Any] | None, has_contract: bool, *,
-                      diagnosed: bool) -> None:
-        if audit is None:
-            if not has_contract:
-                why = "No contract given (--contract FILE): nothing claimed, nothing audited."
-            elif not diagnosed:
-                why = ("Not audited: the claims are checked against the analysed steps, and "
-                       "there are none.")
-            else:
-                why = "The contract claims nothing the trace can check."
-            self.section("audit", "Audit of claims", self.missing(why))
-            return
-        doc = audit.get("document", audit)
-        s = doc.get("summary") or {}
-        rows = []
-        for key, v in sorted((doc.get("verdicts") or {}).items()):
-            verdict = v.get("verdict") or "?"
-            rows.append([_e(v.get("title") or key),
-                         f'<span class="mono">{_pairs(v.get("claimed"))}</span>',
-                         f'<span class="v-{_e(verdict)}">{_e(verdict)}</span>',
-                         _e(v.get("reason")),
-                         f'<span class="mono small">{_pairs(v.get("evidence"))}</span>'])
-        body = (f"<p>{s.get('confirmed', 0)} confirmed, {s.get('contradicted', 0)} contradicted, "
-                f"{s.get('unobservable', 0)} unobservable"
-                + (f"; not audited: {_e(', '.join(s.get('unaudited') or []))}" if s.get("unaudited") else "")
-                + ".</p>")
-        body += self.table(["claim", "claimed", "verdict", "why", "evidence"], rows, "audit")
-        self.section("audit", "Audit of claims", body)
 
-    def advice_section(self, advice: Mapping[str, Any] | None, problem: str | None,
-                       diagnosed: bool) -> None:
-        if advice is None:
-            why = problem or ("no diagnosis to advise on" if not diagnosed else "no advice")
-            self.section("advice", "Recommendations", self.missing(f"No recommendations: {_e(why)}."))
-            return
-        recs = advice.get("recommendations") or []
-        body = ""
-        if not recs:
-            body += self.missing(f"No rule fired ({advice.get('rules_checked', '?')} checked).")
-        for r in recs:
-            g = r.get("gain") or {}
-            sp = g.get("speedup") or {}
-            flags = [*(r.get("megatron_flags") or []),
-                     *(f"remove {f}" for f in r.get("remove_flags") or [])]
-            body += (
-                f'<article class="rec"><h3>{_e(r.get("rank"))}. {_e(r.get("title"))}</h3>'
-                f'<p class="meta"><span class="wall w-{_e(r.get("wall"))}">{_e(r.get("wall"))}</span>'
-                f' {_e(r.get("rule"))} · {_e(r.get("status"))} · confidence '
-                f'{_e(r.get("confidence"))}</p>'
-                f'<pre>{_e(chr(10).join(flags) or "(no flag)")}</pre>'
-                f'<p>Predicted gain <b>{_pct(sp.get("mid"), True)}</b> (range '
-                f'{_pct(sp.get("low"), True)} to {_pct(sp.get("high"), True)}). '
-                f'Basis: {_e(g.get("basis"))}</p></article>')
-        blocked = (advice.get("prerequisites") or []) + (advice.get("blocked") or [])
-        if blocked:
-            body += "<details><summary>" + f"{len(blocked)} more, blocked or needing a " \
-                "prerequisite</summary><ul>" + "".join(
-                    f"<li>{_e(b.get('title'))} ({_e(b.get('rule'))}): "
-                    f"{_e('; '.join(b.get('needs') or b.get('reasons') or []))}</li>"
-                    for b in blocked) + "</ul></details>"
-        self.section("advice", "Recommendations", body,
-                     note="Ranked by predicted gain; one knob each. Flags are Megatron-LM spellings "
-                     "(NAME=value: environment).")
-
-    def ledger_section(self, data: ReportData) -> None:
-        if data.ledger is None and data.ledger_problem is None:
-            return
-        if data.ledger is None:
-            self.section("ledger", "Tune history",
-                         self.missing(f"No tune history: {_e(data.ledger_problem)}."))
-            return
-        go = self.go
-        decs = data.ledger.get("decisions") or []
-        runs = data.ledger.get("runs") or []
-        body = (f"<p>Ledger {_e(data.ledger_name)}: {len(data.ledger.get('sessions') or [])} "
-                f"session(s), {len(runs)} run(s), {len(decs)} decision(s).</p>")
-        if decs:
-            xs = [f"{i + 1}. {_r(x['label'])}" for i, x in enumerate(decs)]
-            fig = go.Figure()
-            fig.add_bar(name="measured (± noise)", x=xs,
-                        y=[(x["measured_gain"] or 0) * 100 for x in decs],
-                        error_y={"type": "data", "array": [(x["noise"] or 0) * 100 for x in decs],
-                                 "visible": True},
-                        marker_color=["#54a24b" if x["verdict"] == "accepted" else "#bab0ac"
-                                      for x in decs])
-            fig.add_scatter(name="predicted", x=xs,
-                            y=[x["predicted_gain"] * 100 if x["predicted_gain"] is not None
-                               else None for x in decs],
-                            mode="markers", marker={"symbol": "diamond", "size": 11,
-                                                    "color": "#222"})
-            fig.update_layout(yaxis_title="step-time gain, %", xaxis_type="category")
-            body += self.chart("ledger", fig, 300)
-            body += self.table(
-                ["#", "change", "rule", "predicted", "measured", "noise", "verdict", "cause"],
-                [[str(i + 1), f'<span class="mono">{_e(x["label"])}</span>', _e(x["source"]),
-                  _pct(x["predicted_gain"], True), _pct(x["measured_gain"], True),
-                  "±" + _pct(x["noise"]), f'<span class="v-{_e(x["verdict"])}">'
-                  f'{_e(x["verdict"])}</span>', _e(x["cause"] or "")]
-                 for i, x in enumerate(decs)])
-        else:
-            body += self.missing("The ledger holds no decision yet.")
-        self.section("ledger", "Tune history", body,
-                     note="Gain = baseline step time / candidate step time − 1; noise: the band "
-                     "the validation measured around it (docs/executor.md).")
-
-    def baseline_section(self, base: ReportData, cur: ReportData) -> None:
-        d = cur.diff
-        if d is None:
-            missing = "the baseline" if base.analysis is None else "this run"
-            why = (base.problem if base.analysis is None else cur.problem) or "no diagnosis"
-            self.section("baseline", "Against the baseline",
-                         self.missing(f"No comparison: {missing} has no diagnosis ({_e(why)})."))
-            return
-        go = self.go
-        st = d["step_time"]
-        a, b = st["a"], st["b"]
-        body = ""
-        for w in d.get("warnings") or []:
-            body += f'<p class="missing">{_e(w)}</p>'
-        verdict = ("beyond both runs' noise" if st.get("beyond_noise")
-                   else "within the runs' noise: not a change")
-        if min(a.get("n") or 0, b.get("n") or 0) < 2:
-            verdict += " (one analysed step on a side: its noise is unknown)"
-
-        def pm(x: Mapping[str, Any]) -> str:
-            return f" ± {_ms(x['noise_s'])}" if (x.get("n") or 0) >= 2 else ""
-
-        body += (f"<p>Baseline {_e(', '.join(d['a']['inputs']))} (steps "
-                 f"{_e(_steps_text(d['a']['steps']))}): median step {_ms(a['median_s'])}{pm(a)}; "
-                 f"this run {_ms(b['median_s'])}{pm(b)}: "
-                 f"<b>{_pct((st.get('delta_pct') or 0) / 100, True)}</b>, {verdict}. Dominant "
-                 f"wall {_e(d['dominant_wall']['a'])} → {_e(d['dominant_wall']['b'])}.</p>")
-        fig = go.Figure()
-        for w in WALLS:
-            pair = d["walls"][w]
-            fig.add_bar(name=w, x=["baseline", "this run"], marker_color=WALL_COLORS[w],
-                        y=[(pair["a"] or 0) * 1e3, (pair["b"] or 0) * 1e3])
-        fig.update_layout(barmode="stack", yaxis_title="exposed, ms per median step")
-        rows = [[_e(c["kclass"]), _e(c["status"]), _ms(c["a_s"]), _ms(c["b_s"]),
-                 _ms(c["delta_s"])] for c in d.get("classes") or []]
-        body += ('<div class="row">' + self.chart("baseline", fig, 300)
-                 + self.table(["kernel class", "", "baseline / step", "this run / step", "Δ"],
-                              rows) + "</div>")
-        for key, title in (("kernels", "Kernels"), ("ops", "Host ops (self time)")):
-            named = d.get(key) or []
-            if named:
-                body += f"<h3>{title} that changed most</h3>" + self.table(
-                    ["name", "", "baseline / step", "this run / step", "Δ"],
-                    [[f'<span class="mono">{_e(short(n.get("name") or "?", 110))}</span>',
-                      _e(n["status"]), _ms(n["a_s"]), _ms(n["b_s"]), _ms(n["delta_s"])]
-                     for n in named])
-        news = [o["text"] for o in d.get("observed") or []] + [
-            x["text"] for x in d.get("audit") or []]
-        mem = d.get("memory") or {}
-        pk = mem.get("peak_allocated_gib") or {}
-        if pk.get("a") is not None or pk.get("b") is not None:
-            news.append(f"peak allocated memory: {_gib(pk.get('a'))} → {_gib(pk.get('b'))}")
-        for role, pair in sorted((d.get("comm_groups") or {}).items()):
-            news.append(f"communication, {role}: {_ms(pair.get('a'))} → {_ms(pair.get('b'))} "
-                        "per step")
-        if news:
-            body += "<h3>What else changed</h3><ul>" + "".join(
-                f"<li>{_e(x)}</li>" for x in news) + "</ul>"
-        self.section("baseline", "Against the baseline", body,
-                     note="What moetune diff says of the baseline and this run (docs/diff.md); noise: "
-                     "half the range of each run's analysed step times.")
-
-
-def _gib(x: float | None) -> str:
-    return "unknown" if x is None else f"{x:.2f} GiB"
-
-
-def _collective(key: str) -> str:
-    """`28:_allgather_base` (process group : collective) → `_allgather_base (group 28)`."""
-    pg, _, coll = key.partition(":")
-    return f"{coll} (group {pg})" if coll else key
-
-
-def _pairs(m: Mapping[str, Any] | None) -> str:
-    """`key=value, …`: keys are moetune's own vocabulary (a name like moe_token_dispatcher_type
-    must not read as a credential assignment), values are checked for credentials."""
-    return ", ".join(f"{html.escape(k)}={_e(json.dumps(x))}" for k, x in (m or {}).items())
-
-
-def _steps_text(ids: Sequence[int]) -> str:
-    ids = list(ids)
-    if not ids:
-        return "none"
-    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}–{ids[-1]}"
-    return ", ".join(map(str, ids))
 
 
 def _css() -> str:

@@ -1,0 +1,195 @@
+"""The report page's decision sections: what the audit found of the claims, the advice, the tune
+ledger's history and the comparison with a baseline run. A mixin of `report_page._Page`, whose
+building blocks (`section`, `table`, `chart`, `missing`) they use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from moetune.report_format import (
+    WALL_COLORS,
+    chart_text,
+    esc,
+    gib,
+    ms,
+    pairs,
+    pct,
+    short,
+    steps_text,
+)
+from moetune.vocabulary import WALLS
+
+if TYPE_CHECKING:
+    from moetune.report_data import ReportData
+
+
+class DecisionSections:
+    """Sections appended after the evidence: audit, advice, ledger, baseline."""
+
+    def audit_section(self, audit: Mapping[str, Any] | None, has_contract: bool, *,
+                      diagnosed: bool) -> None:
+        if audit is None:
+            if not has_contract:
+                why = "No contract given (--contract FILE): nothing claimed, nothing audited."
+            elif not diagnosed:
+                why = ("Not audited: the claims are checked against the analysed steps, and "
+                       "there are none.")
+            else:
+                why = "The contract claims nothing the trace can check."
+            self.section("audit", "Audit of claims", self.missing(why))
+            return
+        doc = audit.get("document", audit)
+        s = doc.get("summary") or {}
+        rows = []
+        for key, v in sorted((doc.get("verdicts") or {}).items()):
+            verdict = v.get("verdict") or "?"
+            rows.append([esc(v.get("title") or key),
+                         f'<span class="mono">{pairs(v.get("claimed"))}</span>',
+                         f'<span class="v-{esc(verdict)}">{esc(verdict)}</span>',
+                         esc(v.get("reason")),
+                         f'<span class="mono small">{pairs(v.get("evidence"))}</span>'])
+        body = (f"<p>{s.get('confirmed', 0)} confirmed, {s.get('contradicted', 0)} contradicted, "
+                f"{s.get('unobservable', 0)} unobservable"
+                + (f"; not audited: {esc(', '.join(s.get('unaudited') or []))}" if s.get("unaudited") else "")
+                + ".</p>")
+        body += self.table(["claim", "claimed", "verdict", "why", "evidence"], rows, "audit")
+        self.section("audit", "Audit of claims", body)
+
+    def advice_section(self, advice: Mapping[str, Any] | None, problem: str | None,
+                       diagnosed: bool) -> None:
+        if advice is None:
+            why = problem or ("no diagnosis to advise on" if not diagnosed else "no advice")
+            self.section("advice", "Recommendations", self.missing(f"No recommendations: {esc(why)}."))
+            return
+        recs = advice.get("recommendations") or []
+        body = ""
+        if not recs:
+            body += self.missing(f"No rule fired ({advice.get('rules_checked', '?')} checked).")
+        for r in recs:
+            g = r.get("gain") or {}
+            sp = g.get("speedup") or {}
+            flags = [*(r.get("megatron_flags") or []),
+                     *(f"remove {f}" for f in r.get("remove_flags") or [])]
+            body += (
+                f'<article class="rec"><h3>{esc(r.get("rank"))}. {esc(r.get("title"))}</h3>'
+                f'<p class="meta"><span class="wall w-{esc(r.get("wall"))}">{esc(r.get("wall"))}</span>'
+                f' {esc(r.get("rule"))} · {esc(r.get("status"))} · confidence '
+                f'{esc(r.get("confidence"))}</p>'
+                f'<pre>{esc(chr(10).join(flags) or "(no flag)")}</pre>'
+                f'<p>Predicted gain <b>{pct(sp.get("mid"), True)}</b> (range '
+                f'{pct(sp.get("low"), True)} to {pct(sp.get("high"), True)}). '
+                f'Basis: {esc(g.get("basis"))}</p></article>')
+        blocked = (advice.get("prerequisites") or []) + (advice.get("blocked") or [])
+        if blocked:
+            body += "<details><summary>" + f"{len(blocked)} more, blocked or needing a " \
+                "prerequisite</summary><ul>" + "".join(
+                    f"<li>{esc(b.get('title'))} ({esc(b.get('rule'))}): "
+                    f"{esc('; '.join(b.get('needs') or b.get('reasons') or []))}</li>"
+                    for b in blocked) + "</ul></details>"
+        self.section("advice", "Recommendations", body,
+                     note="Ranked by predicted gain; one knob each. Flags are Megatron-LM spellings "
+                     "(NAME=value: environment).")
+
+    def ledger_section(self, data: ReportData) -> None:
+        if data.ledger is None and data.ledger_problem is None:
+            return
+        if data.ledger is None:
+            self.section("ledger", "Tune history",
+                         self.missing(f"No tune history: {esc(data.ledger_problem)}."))
+            return
+        go = self.go
+        decs = data.ledger.get("decisions") or []
+        runs = data.ledger.get("runs") or []
+        body = (f"<p>Ledger {esc(data.ledger_name)}: {len(data.ledger.get('sessions') or [])} "
+                f"session(s), {len(runs)} run(s), {len(decs)} decision(s).</p>")
+        if decs:
+            xs = [f"{i + 1}. {chart_text(x['label'])}" for i, x in enumerate(decs)]
+            fig = go.Figure()
+            fig.add_bar(name="measured (± noise)", x=xs,
+                        y=[(x["measured_gain"] or 0) * 100 for x in decs],
+                        error_y={"type": "data", "array": [(x["noise"] or 0) * 100 for x in decs],
+                                 "visible": True},
+                        marker_color=["#54a24b" if x["verdict"] == "accepted" else "#bab0ac"
+                                      for x in decs])
+            fig.add_scatter(name="predicted", x=xs,
+                            y=[x["predicted_gain"] * 100 if x["predicted_gain"] is not None
+                               else None for x in decs],
+                            mode="markers", marker={"symbol": "diamond", "size": 11,
+                                                    "color": "#222"})
+            fig.update_layout(yaxis_title="step-time gain, %", xaxis_type="category")
+            body += self.chart("ledger", fig, 300)
+            body += self.table(
+                ["#", "change", "rule", "predicted", "measured", "noise", "verdict", "cause"],
+                [[str(i + 1), f'<span class="mono">{esc(x["label"])}</span>', esc(x["source"]),
+                  pct(x["predicted_gain"], True), pct(x["measured_gain"], True),
+                  "±" + pct(x["noise"]), f'<span class="v-{esc(x["verdict"])}">'
+                  f'{esc(x["verdict"])}</span>', esc(x["cause"] or "")]
+                 for i, x in enumerate(decs)])
+        else:
+            body += self.missing("The ledger holds no decision yet.")
+        self.section("ledger", "Tune history", body,
+                     note="Gain = baseline step time / candidate step time − 1; noise: the band "
+                     "the validation measured around it (docs/executor.md).")
+
+    def baseline_section(self, base: ReportData, cur: ReportData) -> None:
+        d = cur.diff
+        if d is None:
+            missing = "the baseline" if base.analysis is None else "this run"
+            why = (base.problem if base.analysis is None else cur.problem) or "no diagnosis"
+            self.section("baseline", "Against the baseline",
+                         self.missing(f"No comparison: {missing} has no diagnosis ({esc(why)})."))
+            return
+        go = self.go
+        st = d["step_time"]
+        a, b = st["a"], st["b"]
+        body = ""
+        for w in d.get("warnings") or []:
+            body += f'<p class="missing">{esc(w)}</p>'
+        verdict = ("beyond both runs' noise" if st.get("beyond_noise")
+                   else "within the runs' noise: not a change")
+        if min(a.get("n") or 0, b.get("n") or 0) < 2:
+            verdict += " (one analysed step on a side: its noise is unknown)"
+
+        def pm(x: Mapping[str, Any]) -> str:
+            return f" ± {ms(x['noise_s'])}" if (x.get("n") or 0) >= 2 else ""
+
+        body += (f"<p>Baseline {esc(', '.join(d['a']['inputs']))} (steps "
+                 f"{esc(steps_text(d['a']['steps']))}): median step {ms(a['median_s'])}{pm(a)}; "
+                 f"this run {ms(b['median_s'])}{pm(b)}: "
+                 f"<b>{pct((st.get('delta_pct') or 0) / 100, True)}</b>, {verdict}. Dominant "
+                 f"wall {esc(d['dominant_wall']['a'])} → {esc(d['dominant_wall']['b'])}.</p>")
+        fig = go.Figure()
+        for w in WALLS:
+            pair = d["walls"][w]
+            fig.add_bar(name=w, x=["baseline", "this run"], marker_color=WALL_COLORS[w],
+                        y=[(pair["a"] or 0) * 1e3, (pair["b"] or 0) * 1e3])
+        fig.update_layout(barmode="stack", yaxis_title="exposed, ms per median step")
+        rows = [[esc(c["kclass"]), esc(c["status"]), ms(c["a_s"]), ms(c["b_s"]),
+                 ms(c["delta_s"])] for c in d.get("classes") or []]
+        body += ('<div class="row">' + self.chart("baseline", fig, 300)
+                 + self.table(["kernel class", "", "baseline / step", "this run / step", "Δ"],
+                              rows) + "</div>")
+        for key, title in (("kernels", "Kernels"), ("ops", "Host ops (self time)")):
+            named = d.get(key) or []
+            if named:
+                body += f"<h3>{title} that changed most</h3>" + self.table(
+                    ["name", "", "baseline / step", "this run / step", "Δ"],
+                    [[f'<span class="mono">{esc(short(n.get("name") or "?", 110))}</span>',
+                      esc(n["status"]), ms(n["a_s"]), ms(n["b_s"]), ms(n["delta_s"])]
+                     for n in named])
+        news = [o["text"] for o in d.get("observed") or []] + [
+            x["text"] for x in d.get("audit") or []]
+        mem = d.get("memory") or {}
+        pk = mem.get("peak_allocated_gib") or {}
+        if pk.get("a") is not None or pk.get("b") is not None:
+            news.append(f"peak allocated memory: {gib(pk.get('a'))} → {gib(pk.get('b'))}")
+        for role, pair in sorted((d.get("comm_groups") or {}).items()):
+            news.append(f"communication, {role}: {ms(pair.get('a'))} → {ms(pair.get('b'))} "
+                        "per step")
+        if news:
+            body += "<h3>What else changed</h3><ul>" + "".join(
+                f"<li>{esc(x)}</li>" for x in news) + "</ul>"
+        self.section("baseline", "Against the baseline", body,
+                     note="What moetune diff says of the baseline and this run (docs/diff.md); noise: "
+                     "half the range of each run's analysed step times.")
