@@ -400,6 +400,8 @@ def flag_tokens(k: Knob, value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     if k.type == "bool" or isinstance(value, bool):
+        if value and k.default is True and k.negative_flag:
+            return ()  # on by default: the negative flag's absence (current Megatron has no other)
         if value:
             return (k.flag,)
         return (k.negative_flag,) if k.negative_flag else ()
@@ -421,7 +423,9 @@ def render_flags(k: Knob, value: Any) -> tuple[list[str], list[str]]:
             return [], [f"unset {k.name}"]
         return [f"{k.name}={shlex.quote(value_text(value))}"], []
     tokens = flag_tokens(k, value)
-    return ([shell_text(tokens)], []) if tokens else ([], [str(k.flag)])
+    if tokens:
+        return [shell_text(tokens)], []
+    return [], [str(k.negative_flag if value is True else k.flag)]
 
 
 def render_flag(arg: str | Knob, value: Any, catalog: Catalog | None = None) -> str:

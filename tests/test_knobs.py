@@ -27,13 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 KNOWLEDGE = ROOT.parent / "shared" / "docs" / "moe-tuning-knowledge.md"
 CAT = load_catalog()
 # Arguments newer than the argument list analyzer/contract.py knows (MLM main @ d98e8a6).
-NEWER_ARGS = {
-    "ep_overlap_early_attn_memory_release", "moe_hybridep_num_blocks_permute",
-    "moe_hybridep_num_blocks_unpermute", "moe_hybridep_num_sms_preprocessing",
-    "moe_permute_fusion_into_hybridep", "moe_use_grouped_tensor", "optimizer_cuda_graph",
-    "use_nccl_ub", "moe_paged_stash_buffer_size_factor_cuda", "moe_paged_stash_buffer_size_factor_cpu",
-    "delta_offload_bytes_across_pp_ranks", "fine_grained_offloading_max_inflight_offloads",
-}
+# knob arguments Megatron-LM's parser at the pinned commit (analyzer/megatron_arguments.json) has no
+# flag for: a value it derives, or an older version's name
+NOT_IN_PARSER = {"virtual_pipeline_model_parallel_size", "cpu_offloading"}
 
 
 def all_flags() -> dict[str, str]:
@@ -127,12 +123,29 @@ def test_catalog_cites_only_public_sources() -> None:
 
 
 def test_megatron_argument_names() -> None:
-    from moetune.analyzer.contract import known_megatron_args
+    from moetune.analyzer.contract import known_megatron_args, megatron_arguments
 
     args = {k.name for k in CAT.knobs.values() if k.kind == "arg"}
-    assert args - known_megatron_args() <= NEWER_ARGS
+    assert args <= known_megatron_args()
+    assert args - set(megatron_arguments()["arguments"]) == NOT_IN_PARSER
     assert "fp8" in args and "fp8_format" not in args  # --fp8-format's dest is `fp8`
     assert CAT.knobs["fp8"].flag == "--fp8-format"
+
+
+def test_knob_flags_are_megatron_lms_own() -> None:
+    """Every flag a change renders is one the pinned Megatron-LM parses: the argument's own flag,
+    or, for a switch on by default that has only a `--no-` flag there, its absence."""
+    from moetune.analyzer.contract import megatron_arguments
+
+    own = megatron_arguments()["arguments"]
+    for k in CAT.knobs.values():
+        if k.kind != "arg" or k.name not in own:
+            continue
+        flags = set(own[k.name]["flags"])
+        for value in ([True, False] if k.type == "bool" else []):
+            assert set(knobs.flag_tokens(k, value)) <= flags, (k.name, value)
+        if k.type != "bool":
+            assert k.flag in flags, (k.name, k.flag, flags)
 
 
 def test_training_equivalence() -> None:
@@ -219,6 +232,9 @@ def test_planner_candidate_and_engine_render_one_way(k: Knob, value: Any) -> Non
         assert plan.render_flag(k.name, value) == sets[0]
         assert candidate.current_value(candidate.Launch(argv), k) == (
             list(map(knobs.value_text, value)) if k.type == "list" else value)
+    elif value is True:  # on by default, Megatron-LM has only the `--no-` flag: its absence
+        assert removes == [k.negative_flag] and added == ()
+        assert k.default is True and candidate.current_value(candidate.Launch(argv), k) is None
     else:
         assert removes == [k.flag] and k.flag not in argv
         assert value in (None, False)
@@ -299,7 +315,7 @@ def test_section6_constraints() -> None:
     assert blocked("overlap_param_gather", True, {"use_distributed_optimizer": False})
     assert blocked("moe_router_fusion", True, {}, versions={"transformer_engine": "2.6.0"})
     assert blocked("recompute_modules", ["moe_act"], {"moe_grouped_gemm": False})
-    assert blocked("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", {"use_nccl_ub": True})
+    assert blocked("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", {"nccl_ub": True})
     assert blocked("moe_flex_dispatcher_backend", "deepep",
                    {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "hybridep"},
                    hardware={"gpu_model": "GB200", "nvlink_domain_size": 72})

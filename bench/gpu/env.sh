@@ -1,9 +1,12 @@
-# Sourced by the device scripts (W = their work folder): wheels from the carried .whl/, the
-# environment every launched process needs, $OUT/summary.txt and `say`.
+# Sourced by the device scripts (W = their work folder): wheels from the carried .whl/ (when a call
+# carries them: moetune's own analysis needs them, Megatron-LM's runs do not), the environment every
+# launched process needs, $OUT/summary.txt and `say`.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; [ "${KEEP_W:-0}" = 1 ] || rm -rf "$W"; mkdir -p "$OUT" "$W"  # KEEP_W=1: resume
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || { echo "wheel install failed" | tee "$OUT/summary.txt"; exit 1; }
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || { echo "wheel install failed" | tee "$OUT/summary.txt"; exit 1; }
+fi
 # moetune is not installed on the device: its folders are mapped into the `moetune` package only by
 # installation (pyproject package-dir), so build that package as links under /tmp/mt
 rm -rf /tmp/mt && mkdir -p /tmp/mt/moetune

@@ -5,13 +5,9 @@
 #     model_provider.py mamba_builders.py hybrid_builders.py | gzip > .mlm/megatron-lm-d98e8a6.tar.gz
 # Usage (from the repo root there): DEADLINE_S=480 bash bench/gpu/mlm_grid.sh JOB...
 # JOBs: bench/mlm_grid.py. Outputs under $OUT (≤ 8 files): summary.txt, grid.jsonl, logs.tar.gz,
-# traces*.tar. Here: python bench/mlm_grid.py report DIR...
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; W=${W:-/tmp/g}; M=${M:-/tmp/mlm}
-mkdir -p "$OUT" "$W" "$M"
-S="$OUT/summary.txt"
-T0=$(date +%s)
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$S"
+# traces*.tar. Here: python bench/mlm_grid.py report bench/grid_mlm/calls/call*.jsonl
+W=${W:-/tmp/g}; source bench/gpu/env.sh
+M=${M:-/tmp/mlm}; mkdir -p "$M"
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)" | tee -a "$S"
 tar xzf .mlm/megatron-lm-d98e8a6.tar.gz -C "$M" || { echo "no Megatron-LM archive" | tee -a "$S"; exit 1; }
 # Megatron compiles its dataset helpers at start-up when they are missing: once here, not per run
