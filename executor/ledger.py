@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS runs (
     session TEXT NOT NULL REFERENCES sessions(id),
     key TEXT NOT NULL,               -- deterministic plan position: round:role:label:repeat
     attempt INTEGER NOT NULL DEFAULT 1,
-    role TEXT NOT NULL,              -- baseline | candidate | confirm-baseline | confirm
+    role TEXT NOT NULL,              -- profile | baseline | candidate (older ledgers: confirm…)
     label TEXT NOT NULL,             -- knob=value, or `baseline`
     status TEXT NOT NULL,            -- running | done | failed | interrupted
     command TEXT NOT NULL,           -- JSON argv exactly as launched
@@ -69,7 +69,7 @@ CREATE TABLE IF NOT EXISTS decisions (
     noise REAL,
     verdict TEXT NOT NULL,           -- accepted | rejected
     cause TEXT,
-    evidence TEXT,                   -- JSON (screen stats, confirm stats, audit)
+    evidence TEXT,                   -- JSON (the A/B pairs, judgement, loss health, audit)
     created_at REAL NOT NULL,
     UNIQUE(session, key)
 );

@@ -1,41 +1,37 @@
-"""`moetune tune`: profile → diagnose → recommend → screen → confirm → accept/reject, resumable.
+"""`moetune tune`: profile → diagnose → recommend → A/B → accept, resumable; `moetune run`: one
+change against the baseline.
 
-Every run is keyed by its position in a deterministic plan (`r<round>:<role>:<label>:<repeat>`)
-inside a session whose id hashes the starting command, contract and options. Re-running the
-same `tune` after an interruption replays the plan: a run finished in the ledger is read back,
-never redone; a run left `running` was interrupted and is redone (its old row is kept, marked
-`interrupted`). Accepting a candidate makes it the baseline of the next round.
+A round: the baseline's profile (its latest run that carries a trace: the round's profile run, or
+the accepted candidate's first run, profiled at its end), the rules' ranked changes on it (and the
+user's `--try` ones first), then one candidate at a time through the sequential A/B of
+executor/ab.py, until one is accepted (it becomes the baseline: its runs are the new baseline's
+measured runs, its trace the next round's profile) or none is left worth its cost.
 
-Harness flags are set identically on every run of a comparison (they are not the change):
-`--train-iters`, `--log-interval 1`, and on profile runs the profiler flags.
+What it costs is the budget (`--max-run-time`: machine seconds, start-up included) and the
+candidates it may judge (`--budget`). The loop stops, and says why (`stopped`), when no candidate
+is left, when the best remaining prediction cannot be told from the run-to-run noise within
+`--max-pairs` pairs (except a change an accepted enabler unlocked, which is tried), or when the
+next run would pass the time budget — then with what the remaining seconds would have bought.
+
+Runs, keys, resumption and the run shape: executor/runner.py. Trainers: executor/trainer.py.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-import math
 import statistics
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moetune.executor.candidate import Change, Knob, Launch, apply, diff, parse_change
-from moetune.executor.launchers import RunSpec, get_launcher
+from moetune.executor.ab import ab, pairs_needed, run_noise
+from moetune.executor.candidate import Change, Launch, apply, parse_change
 from moetune.executor.ledger import Ledger
-from moetune.executor.logparse import median_step_s, parse_file
-from moetune.executor.validate import (
-    Policy,
-    Window,
-    audit_change,
-    decide,
-    run_metrics,
-    screen_stats,
-    screen_verdict,
-)
+from moetune.executor.runner import BudgetSpent, Runner, RunShape, log, run_time_s
+from moetune.executor.trainer import can_profile, dialect_of
+from moetune.executor.validate import Policy
 
 from moetune.errors import UserError
 from moetune.knobs import knob
@@ -43,27 +39,12 @@ from moetune.knobs import knob
 if TYPE_CHECKING:
     from moetune.analysis import Recommendation
 
-TRAIN_ITERS = Knob("train_iters", type="int", flag="--train-iters")
-LOG_INTERVAL = Knob("log_interval", type="int", flag="--log-interval")
-TAIL_CHARS = 4000
-# A screen pair whose iterations do not overlap and whose gain is at least this large decides
-# alone (sequential testing: the remaining repeats would not change the verdict).
-EARLY_GAIN = 0.2
-
-# How to ask for a torch-profiler trace, by what the command runs ({dir}, {start}, {end}).
-PROFILE_ARGS = {
-    "moe_gpt": "--profile --profile-step-start {start} --profile-step-end {end} "
-               "--profile-dir {dir} --nvtx-ranges",
-    "megatron": "--profile --use-pytorch-profiler --profile-step-start {start} "
-                "--profile-step-end {end} --tensorboard-dir {dir}",
-}
-
 
 @dataclass(frozen=True)
 class TuneOptions:
     workdir: Path
     ledger: Path
-    budget: int = 4                       # candidates screened, at most
+    budget: int = 4                       # candidates judged, at most
     policy: Policy = field(default_factory=Policy)
     launcher: str = "local"
     nproc_per_node: int = 1
@@ -71,18 +52,10 @@ class TuneOptions:
     tries: tuple[str, ...] = ()           # user candidates, `knob=value`
     use_rules: bool = True
     profile: bool = True
-    profile_args: str | None = None       # template; None: chosen from the command
+    profile_args: str | None = None       # the user's profiler template; None: the trainer's own
     slurm_options: Mapping[str, str] = field(default_factory=dict)
     env_profile: str | None = None        # launchers/base.py ENV_PROFILES, applied to every run
     max_run_time_s: float | None = None   # machine time the session's runs may take, in all
-
-
-class BudgetSpent(Exception):
-    """The next run would take the session past `max_run_time_s`."""
-
-
-def log(msg: str) -> None:
-    print(f"moetune tune: {msg}", file=sys.stderr, flush=True)
 
 
 def session_id(argv: Sequence[str], env: Mapping[str, str], contract: Any,
@@ -94,211 +67,20 @@ def session_id(argv: Sequence[str], env: Mapping[str, str], contract: Any,
     return f"{kind}-{digest[:12]}"
 
 
-def _harness(launch: Launch, iters: int) -> Launch:
-    launch = apply(launch, Change(TRAIN_ITERS, iters))
-    return apply(launch, Change(LOG_INTERVAL, 1))
+def _runner(led: Ledger, sid: str, opts: TuneOptions, base: Launch) -> Runner:
+    pol = opts.policy
+    template = (opts.profile_args or None) if opts.profile_args is not None else None
+    return Runner(led, sid, workdir=opts.workdir, dialect=dialect_of(base.argv, template),
+                  shape=RunShape(pol.warmup, pol.measured), base0=base, launcher=opts.launcher,
+                  timeout_s=pol.timeout_s, nproc_per_node=opts.nproc_per_node, nodes=opts.nodes,
+                  slurm_options=opts.slurm_options, env_profile=opts.env_profile,
+                  max_run_time_s=opts.max_run_time_s)
 
 
-def _profile_template(argv: Sequence[str], opts: TuneOptions) -> str | None:
-    if opts.profile_args is not None:
-        return opts.profile_args or None
-    text = " ".join(argv)
-    if "moetune.executor.workloads.moe_gpt" in text or "moe_gpt.py" in text:
-        return PROFILE_ARGS["moe_gpt"]
-    if "pretrain_gpt" in text or "pretrain_mamba" in text:
-        return PROFILE_ARGS["megatron"]
-    return None
-
-
-class Runner:
-    """Runs (or reads back from the ledger) one keyed run of the session."""
-
-    def __init__(self, ledger: Ledger, session: str, opts: TuneOptions, base0: Launch) -> None:
-        self.ledger, self.session, self.opts, self.base0 = ledger, session, opts, base0
-        self.launcher = get_launcher(opts.launcher)
-        self.reused = 0
-        self.executed = 0
-
-    def run(self, key: str, *, role: str, label: str, launch: Launch, iters: int,
-            window: Window) -> dict[str, Any]:
-        done = self.ledger.finished_run(self.session, key)
-        if done is not None:
-            self.reused += 1
-            return done
-        self._check_budget(iters)
-        safe = key.replace(":", "_").replace("/", "_").replace("=", "-")
-        log_path = self.opts.workdir / self.session / f"{safe}.log"
-        if log_path.exists():
-            log_path.unlink()  # a redone run starts a fresh log
-        run_id = self.ledger.begin_run(
-            self.session, key, role=role, label=label, command=list(launch.argv),
-            env=dict(launch.env), diff=diff(self.base0, launch), log_path=str(log_path))
-        spec = RunSpec(argv=launch.argv, env=launch.env, log_path=log_path,
-                       timeout_s=self.opts.policy.timeout_s,
-                       nproc_per_node=self.opts.nproc_per_node, nodes=self.opts.nodes,
-                       name=safe, slurm_options=self.opts.slurm_options,
-                       env_profile=self.opts.env_profile)
-        log(f"{key}: running ({self.launcher.name})")
-        result = self.launcher.launch(spec).wait()
-        self.executed += 1
-        parsed = parse_file(log_path) if log_path.exists() else None
-        if parsed is None:
-            from moetune.executor.logparse import parse_text
-
-            parsed = parse_text("")
-        metrics = run_metrics(parsed, result, window, expected_iters=iters)
-        cause = metrics["cause"]
-        tail = log_path.read_text(errors="replace")[-TAIL_CHARS:] if log_path.exists() else ""
-        self.ledger.end_run(run_id, status="failed" if cause else "done",
-                            returncode=result.returncode, timed_out=result.timed_out,
-                            metrics=metrics, cause=cause, log_tail=tail)
-        log(f"{key}: {cause or 'ok'}, step {_fmt_ms(metrics['step_ms'])}")
-        rec = self.ledger.finished_run(self.session, key)
-        assert rec is not None
-        return rec
-
-
-    def _check_budget(self, iters: int) -> None:
-        """Refuse a run that would end past the time budget: its length is estimated as the
-        longer of the session's last two finished runs at the same iteration count (else of
-        any count): the latest runs are of the configurations the loop has reached, which can
-        be many times faster than the start. The session's first run always starts."""
-        cap = self.opts.max_run_time_s
-        if cap is None:
-            return
-        runs = [r for r in self.ledger.runs(self.session)
-                if r.get("finished_at") and r.get("started_at")]
-        spent = run_time_s(runs)
-        same = [r["finished_at"] - r["started_at"] for r in runs if _iters_of(r) == iters]
-        est = max((same or [r["finished_at"] - r["started_at"] for r in runs])[-2:] or [0.0])
-        if spent + est > cap:
-            raise BudgetSpent(f"runs took {spent:.0f} s of the {cap:.0f} s budget and the next "
-                              f"would take about {est:.0f} s")
-
-
-def _iters_of(run: Mapping[str, Any]) -> int | None:
-    """The iteration count a run was launched with (`--train-iters N` in its command)."""
-    cmd = run.get("command") or []
-    for flag, val in itertools.pairwise(cmd):
-        if flag == TRAIN_ITERS.flag:
-            try:
-                return int(val)
-            except ValueError:
-                return None
-    return None
-
-
-def _fmt_ms(x: float | None) -> str:
-    return f"{x:.1f} ms" if x else "n/a"
-
-
-def _metrics(rec: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(rec.get("metrics") or {"cause": rec.get("cause") or "no-metrics",
-                                       "step_ms": None, "lm_loss": {}})
-
-
-def validate_candidate(runner: Runner, prefix: str, base: Launch, cand: Launch, label: str,
-                       *, profile_tpl: str | None, contract: Any, knob: str,
-                       value: Any, unlocks: Sequence[str] = (),
-                       base_confirm: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Screens (A B A B …) then, for a screen winner, the confirm pair and the audit. A change
-    that `unlocks` others goes on to confirm, and is kept, when it is not measurably slower.
-    `base_confirm`: a finished confirm-length run of this baseline (the accepted candidate's
-    confirm run, profiled only before its window), which stands for the confirm baseline."""
-    pol = runner.opts.policy
-    swin = Window.tail(pol.screen_iters)
-    a_ms: list[float | None] = []
-    b_ms: list[float | None] = []
-    separated: float | None = None
-    for rep in range(pol.repeats):
-        ra = runner.run(f"{prefix}:screen-base:{label}:{rep}", role="baseline", label="baseline",
-                        launch=_harness(base, pol.screen_iters), iters=pol.screen_iters,
-                        window=swin)
-        rb = runner.run(f"{prefix}:screen:{label}:{rep}", role="candidate", label=label,
-                        launch=_harness(cand, pol.screen_iters), iters=pol.screen_iters,
-                        window=swin)
-        ma, mb = _metrics(ra), _metrics(rb)
-        if ma.get("cause"):
-            raise UserError(f"the baseline itself failed ({ma['cause']}): see {ra['log_path']}")
-        if mb.get("cause"):
-            stats = screen_stats([*a_ms, ma["step_ms"]], [])
-            return {"verdict": "rejected", "cause": mb["cause"], "measured_gain": None,
-                    "noise": None, "screen": stats, "failed_run": rb["log_path"]}
-        a_ms.append(ma["step_ms"])
-        b_ms.append(mb["step_ms"])
-        separated = _separated(ma, mb) if rep == 0 and pol.repeats > 1 else None
-        if separated is not None:
-            break
-    stats = screen_stats(a_ms, b_ms)
-    if len(a_ms) == 1 and separated is not None:
-        # one pair decided it: the noise band is the runs' own iteration spread
-        stats = {**stats, "noise": separated, "early": "every candidate iteration faster than "
-                 f"every baseline iteration and a gain ≥ {EARLY_GAIN:.0%}: one screen pair"}
-    first = decide(screen=stats, confirm_base=None, confirm_cand=None, audit=None, policy=pol,
-                   unlocks=unlocks) if not screen_verdict(stats, pol, unlocks)[0] else None
-    if first is not None:
-        return first
-    n, cwin = pol.confirm_iters, pol.confirm_window
-    reuse = base_confirm is not None and not _metrics(base_confirm).get("cause")
-    cb = base_confirm if reuse else runner.run(
-        f"{prefix}:confirm-base:{label}:0", role="confirm-baseline", label="baseline",
-        launch=_harness(base, n), iters=n, window=cwin)
-    assert cb is not None
-    cand_run = _harness(cand, n)
-    trace_dir = None
-    if profile_tpl:
-        trace_dir = runner.opts.workdir / runner.session / f"{prefix}-confirm-{_safe(label)}-trace"
-        # profile just before the measured window: the profiler's cost stays out of it
-        start = max(1, cwin.first - 6)
-        end = max(start + 1, cwin.first - 2)
-        cand_run = _with_args(cand_run, profile_tpl.format(dir=trace_dir, start=start, end=end))
-    cc = runner.run(f"{prefix}:confirm:{label}:0", role="confirm", label=label,
-                    launch=cand_run, iters=n, window=cwin)
-    traces = sorted(str(p) for p in trace_dir.glob("*.json*")) if trace_dir and \
-        trace_dir.is_dir() else []
-    if contract is None and cc.get("log_path"):  # the candidate's own argument dump claims it
-        contract = _contract_from_log(Path(cc["log_path"]))
-    audit = audit_change(traces, knob, value, contract) if not _metrics(cc).get("cause") else None
-    res = decide(screen=stats, confirm_base=_metrics(cb), confirm_cand=_metrics(cc),
-                 audit=audit, policy=pol, unlocks=unlocks)
-    if traces:  # an accepted candidate's profile serves as the next round's
-        res["profile"] = {"traces": traces, "log_path": cc.get("log_path"),
-                          "step_s": (_metrics(cc).get("step_ms") or 0) / 1e3 or None}
-    if reuse:
-        res["confirm_base_run"] = cb.get("key")
-    res["confirm_run"] = cc.get("key")
-    return res
-
-
-def _separated(ma: Mapping[str, Any], mb: Mapping[str, Any]) -> float | None:
-    """The noise band of one screen pair when it already decides (every candidate iteration
-    faster than every baseline iteration, by at least EARLY_GAIN at the medians): twice the
-    standard error of the ratio of the two runs' median iteration times, each from its
-    iterations' interquartile range. A large win needs no more repeats; the confirm pair still
-    measures it again."""
-    a = [x for x in ma.get("step_ms_all") or [] if x]
-    b = [x for x in mb.get("step_ms_all") or [] if x]
-    if len(a) < 4 or len(b) < 4 or not ma.get("step_ms") or not mb.get("step_ms"):
-        return None
-    if max(b) >= min(a) or ma["step_ms"] / mb["step_ms"] - 1 < EARLY_GAIN:
-        return None
-    return 2 * math.hypot(_median_se(a), _median_se(b))
-
-
-def _median_se(xs: Sequence[float]) -> float:
-    """Relative standard error of a median: 1.2533 σ/√n, σ from the interquartile range."""
-    q = statistics.quantiles(xs, n=4)
-    return 1.2533 * (q[2] - q[0]) / 1.349 / math.sqrt(len(xs)) / statistics.median(xs)
-
-
-def _safe(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
-
-
-def _with_args(launch: Launch, extra: str) -> Launch:
-    import shlex
-
-    return Launch(tuple(launch.argv) + tuple(shlex.split(extra)), dict(launch.env))
+def _profiling(argv: Sequence[str], opts: TuneOptions) -> bool:
+    if not opts.profile or opts.profile_args == "":
+        return False
+    return can_profile(argv, opts.profile_args)
 
 
 Recommender = Callable[..., "list[Recommendation]"]
@@ -391,57 +173,52 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
     base = Launch(tuple(argv), dict(env or {}))
     sid = session_id(argv, base.env, contract, opts)
     recommender = recommender or (rules_recommender if opts.use_rules else None)
-    profile_tpl = _profile_template(argv, opts) if opts.profile else None
+    profiling = _profiling(argv, opts)
+    pol = opts.policy
     with Ledger.open(opts.ledger) as led:
         led.start_session(sid, command=list(argv), env=base.env, contract=contract,
                           options={"budget": opts.budget, "launcher": opts.launcher,
-                                   "tries": list(opts.tries), "policy": asdict(opts.policy)})
-        log(f"session {sid} · ledger {opts.ledger}")
-        runner = Runner(led, sid, opts, base)
+                                   "tries": list(opts.tries), "policy": asdict(pol)})
+        log(f"session {sid} · ledger {opts.ledger} · trainer {dialect_of(argv).name}")
+        runner = _runner(led, sid, opts, base)
         decided: set[str] = set()
         accepted: list[dict[str, Any]] = []
+        pool: list[dict[str, Any]] = []      # measured runs of the current baseline, newest last
+        groups: dict[str, list[float]] = {}  # step times per configuration: the run noise
+        base_label = "baseline"
+        profile: Mapping[str, Any] | None = None  # the accepted candidate's profiled run
+        owed: set[str] = set()  # rules an accepted enabler unlocked: tried whatever the noise
         spent = 0
         rnd = 0
-        # the noise band of the current baseline: widened by each of its A/Bs, and set anew by
-        # the A/B that made an accepted candidate the baseline (a noisy start does not make a
-        # quieter configuration's small wins look like noise)
-        noise = opts.policy.min_gain
-        # rules whose changes the last accepted candidate unlocked: tried in the round after it
-        # even inside the noise band, since the enabler was ranked (and kept) for them; set when
-        # a candidate is accepted, which ends its round
-        owed: set[str] = set()
-        base_confirm: dict[str, Any] | None = None
-        stopped: str | None = None  # why the loop ended, when not the candidate budget
+        stopped: str | None = None
         try:
             while spent < opts.budget:
-                recs: list[Recommendation] = []
                 con = _round_contract(contract, accepted)
-                if profile_tpl and recommender is not None:
-                    reuse = (accepted[-1].get("evidence") or {}).get("profile") if accepted else None
-                    recs = _profile_and_recommend(runner, rnd, base, profile_tpl, con,
-                                                  contract_path, recommender, reuse=reuse)
+                recs: list[Recommendation] = []
+                if profiling and recommender is not None:
+                    recs = _profile_and_recommend(runner, rnd, base, base_label, con,
+                                                  contract_path, recommender, pool, groups,
+                                                  reuse=profile, tries=opts.tries)
                 cal = session_calibration(led.decisions(sid))
                 pending = [c for c in candidate_changes(recs, opts.tries, cal)
-                           if c["label"] not in decided and apply_all(base, c["changes"]) != base]
+                           if c["label"] not in decided and _changes(base, c, runner)]
                 if not pending:
-                    stopped = "no candidate left to try"
+                    stopped = "no candidate left to try" + (
+                        "" if profiling or opts.tries else
+                        ": without a profile (--no-profile, or a command moetune cannot profile) "
+                        "only --try candidates are judged")
                     log(stopped)
                     break
                 progressed = False
                 for i, cand in enumerate(pending):
                     if spent >= opts.budget:
                         break
-                    pred = cand.get("value", cand["predicted_gain"])
-                    inside = cand["source"] != "user" and pred is not None and pred <= noise
-                    if inside and cand["source"] in owed:
-                        log(f"{cand['label']}: tried inside the noise band ({pred:+.1%} ≤ "
-                            f"{noise:.1%}): the accepted enabler unlocked it")
-                    elif inside:
-                        if any(c["source"] in owed for c in pending[i + 1:]):
-                            continue  # an unlocked change is still to be tried
-                        # candidates come best predicted first: the rest promise no more
-                        stopped = (f"the best remaining prediction ({cand['label']} "
-                                   f"{pred:+.1%}) is inside the noise band ({noise:.1%})")
+                    why_not = _not_worth(cand, pending[i + 1:], owed, runner, groups, pol,
+                                         base_label)
+                    if why_not == "skip":
+                        continue
+                    if why_not is not None:
+                        stopped = why_not
                         log(f"stopping: {stopped}")
                         break
                     spent += 1
@@ -450,13 +227,12 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                     key = f"r{rnd}:{label}"
                     prior = led.decision(sid, key)
                     if prior is None:
-                        cl = apply_all(base, cand["changes"])
                         ch0 = cand["changes"][0]
-                        res = validate_candidate(runner, f"r{rnd}", base, cl, label,
-                                                 profile_tpl=profile_tpl, contract=con,
-                                                 knob=ch0.knob.name, value=ch0.value,
-                                                 unlocks=cand.get("unlocks") or (),
-                                                 base_confirm=base_confirm)
+                        res = ab(runner, f"r{rnd}", base=base,
+                                 cand=apply_all(base, cand["changes"], runner), label=label,
+                                 base_label=base_label, pool=pool, noise_groups=groups,
+                                 policy=pol, knob=ch0.knob.name, value=ch0.value,
+                                 contract=con, unlocks=cand.get("unlocks") or ())
                         # the memory prediction that allowed the change, beside what it measured
                         res["predicted_memory"] = cand.get("memory")
                         led.record_decision(
@@ -467,46 +243,145 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                             measured_gain=res.get("measured_gain"), noise=res.get("noise"),
                             verdict=res["verdict"], cause=res.get("cause"), evidence=res)
                         prior = led.decision(sid, key)
+                    else:  # read back: the pool and the noise as that A/B left them
+                        _replay(runner, prior, pool, groups, base_label, label)
                     assert prior is not None
-                    if prior.get("noise") is not None and prior["verdict"] == "accepted":
-                        noise = max(opts.policy.min_gain, float(prior["noise"]))
-                    elif prior.get("noise") is not None:
-                        noise = max(noise, float(prior["noise"]))
                     log(f"{label}: {prior['verdict']}"
                         + (f" ({prior['cause']})" if prior["cause"] else "")
                         + (f", gain {prior['measured_gain']:+.1%}"
                            if prior["measured_gain"] is not None else ""))
                     if prior["verdict"] == "accepted":
-                        base = apply_all(base, cand["changes"])
+                        base = apply_all(base, cand["changes"], runner)
                         accepted.append(prior)
                         owed = set(cand.get("unlocks") or ())
-                        # its confirm run is a confirm-length run of the new baseline: the next
-                        # rounds' confirm pairs use it instead of running the baseline again
-                        ckey = (prior.get("evidence") or {}).get("confirm_run")
-                        base_confirm = led.finished_run(sid, ckey) if ckey else None
+                        ev = prior.get("evidence") or {}
+                        # its runs are the new baseline's measured runs, its trace the profile
+                        pool = [r for k in ev.get("candidate_runs") or []
+                                if (r := led.finished_run(sid, k)) is not None]
+                        base_label, profile = label, ev.get("profile")
                         progressed = True
-                        break  # new baseline: profile and recommend again
+                        break
                 if not progressed:
                     if stopped is None and spent < opts.budget:
                         stopped = "no candidate of the round was accepted"
                     break
                 rnd += 1
         except BudgetSpent as e:  # the candidate in flight stays undecided: a re-run resumes it
-            stopped = f"time budget: {e}"
-            log(f"stopping: {e}")
+            stopped = f"time budget: {e}; " + _what_budget_buys(runner, groups, pol, base_label)
+            log(f"stopping: {stopped}")
         led.finish_session(sid)
         return {"session": sid, "ledger": str(opts.ledger), "accepted": accepted,
                 "decisions": led.decisions(sid), "final_command": list(base.argv),
                 "final_env": dict(base.env), "runs_executed": runner.executed,
                 "runs_reused": runner.reused, "run_time_s": run_time_s(led.runs(sid)),
-                "stopped": stopped or f"{opts.budget} candidates validated (--budget)"}
+                "run_noise": run_noise(list(groups.values()), pol),
+                "trainer": runner.dialect.name,
+                "stopped": stopped or f"{opts.budget} candidates judged (--budget)"}
 
 
-def run_time_s(runs: Sequence[Mapping[str, Any]]) -> float:
-    """Wall time of a session's finished runs (start to exit, each): what the loop cost in
-    machine time, the figure to set against a grid of the same knobs."""
-    return round(sum(r["finished_at"] - r["started_at"] for r in runs
-                     if r.get("finished_at") and r.get("started_at")), 1)
+def _changes(base: Launch, cand: Mapping[str, Any], runner: Runner) -> bool:
+    """Whether a candidate changes the command; one this trainer cannot take (a knob without a
+    Megatron-Bridge override, on a Bridge recipe) is left out and said so."""
+    try:
+        return apply_all(base, cand["changes"], runner) != base
+    except UserError as exc:
+        log(f"{cand['label']}: left out: {exc.message}")
+        return False
+
+
+def _not_worth(cand: Mapping[str, Any], rest: Sequence[Mapping[str, Any]], owed: set[str],
+               runner: Runner, groups: Mapping[str, list[float]], pol: Policy,
+               base_label: str) -> str | None:
+    """None: judge this candidate; "skip": a later one comes first; else why the loop stops.
+    Candidates come best predicted first, so a prediction the noise hides ends the round, unless
+    an unlocked change is still to be tried."""
+    pred = cand.get("value", cand["predicted_gain"])
+    if cand["source"].startswith("user") or pred is None or cand["source"] in owed:
+        return None
+    sigma = run_noise(list(groups.values()), pol)
+    need = pairs_needed(pred, sigma, pol)
+    if need is not None and need <= pol.max_pairs:
+        return None
+    if any(c["source"] in owed for c in rest):
+        return "skip"
+    return (f"the best remaining prediction ({cand['label']} {pred:+.1%}) cannot be told from "
+            f"the run-to-run noise (σ {sigma:.1%}) in {pol.max_pairs} pairs"
+            + (f" (it would need {need})" if need else ""))
+
+
+def _what_budget_buys(runner: Runner, groups: Mapping[str, list[float]], pol: Policy,
+                      base_label: str) -> str:
+    left = max((runner.max_run_time_s or 0.0) - runner.spent_s(), 0.0)
+    run_s = runner.estimate_s(base_label) or 1.0
+    sigma = run_noise(list(groups.values()), pol)
+    smallest = next((g for g in (0.5, 0.25, 0.1, 0.05)
+                     if 2 * (pairs_needed(g, sigma, pol) or 99) - 1 > left / run_s), None)
+    what = (f"the {left:.0f} s left buy about {int(left // run_s)} run(s) of {run_s:.0f} s"
+            + (f": too few to resolve a gain of {smallest:.0%} at run noise σ {sigma:.1%}"
+               if smallest else ""))
+    return what
+
+
+def _replay(runner: Runner, decision: Mapping[str, Any], pool: list[dict[str, Any]],
+            groups: dict[str, list[float]], base_label: str, label: str) -> None:
+    """A decision read back from the ledger: its runs rejoin the pool and the noise groups, and
+    count as read back."""
+    seen = {r.get("key") for r in pool}
+    for p in (decision.get("evidence") or {}).get("pairs") or []:
+        a = runner.ledger.finished_run(runner.session, p.get("a_run") or "")
+        if a is not None and a.get("key") not in seen:
+            seen.add(a.get("key"))
+            pool.append(a)
+            groups.setdefault(base_label, []).append(p["a_ms"])
+            runner.reused += 1
+        if p.get("b_ms"):
+            groups.setdefault(label, []).append(p["b_ms"])
+            runner.reused += 1
+
+
+def _profile_and_recommend(runner: Runner, rnd: int, base: Launch, base_label: str,
+                           contract: Any, contract_path: Path | None, recommender: Recommender,
+                           pool: list[dict[str, Any]], groups: dict[str, list[float]],
+                           reuse: Mapping[str, Any] | None = None,
+                           tries: Sequence[str] = ()) -> list[Recommendation]:
+    """The round's profile and the recommender's changes. `reuse`: the accepted candidate's
+    profiled run, whose trace serves instead of a new profile run; else the baseline's profile
+    run (measured too: it joins `pool`)."""
+    traces = [t for t in (reuse or {}).get("traces") or [] if Path(t).is_file()]
+    log_path = (reuse or {}).get("log_path")
+    if traces:
+        log(f"round {rnd}: the accepted candidate's trace is this round's profile")
+    else:
+        rec = runner.run(f"r{rnd}:profile:{base_label}:0", role="profile", label=base_label,
+                         launch=base, profile=True)
+        if rec.get("cause"):
+            raise UserError(f"the baseline profile run failed ({rec['cause']}): "
+                            f"see {rec['log_path']}")
+        if all(rec.get("key") != r.get("key") for r in pool):
+            pool.append(rec)
+            groups.setdefault(base_label, []).append((rec.get("metrics") or {})["step_ms"])
+        traces, log_path = rec["traces"], rec["log_path"]
+        if not traces:
+            log(f"the profile run wrote no trace under {runner.run_dir(rec['key'])}: "
+                f"{runner.dialect.name} profile flags given, none came back")
+            return []
+    # the reference: the baseline's measured runs (unprofiled windows), their median
+    steps = [(r.get("metrics") or {}).get("step_ms") for r in pool]
+    ref_s = statistics.median([s for s in steps if s]) / 1e3 if any(steps) else None
+    if contract is None and log_path:  # no contract given: the run's own argument dump claims
+        contract = _contract_from_log(Path(log_path))
+    try:
+        recs = recommender(traces, contract, contract_path, reference_step_s=ref_s)
+    except UserError as exc:
+        if tries:
+            log(f"the profile cannot be diagnosed ({exc.message}); trying --try candidates only")
+            return []
+        raise UserError(f"tune cannot work on this run: its profile cannot be diagnosed "
+                        f"({exc.message}); pass --try KNOB=VALUE to A/B changes without a "
+                        "diagnosis") from None
+    log("rules recommend: " + (", ".join(f"{r.knob}={_text(r.value)} ({r.rule})" for r in recs)
+                               or "nothing"))
+    return recs
 
 
 def _round_contract(contract: Any, accepted: Sequence[Mapping[str, Any]]) -> Any:
@@ -523,63 +398,11 @@ def _round_contract(contract: Any, accepted: Sequence[Mapping[str, Any]]) -> Any
     return doc
 
 
-def apply_all(launch: Launch, changes: Sequence[Change]) -> Launch:
+def apply_all(launch: Launch, changes: Sequence[Change], runner: Runner | None = None) -> Launch:
+    """The launch with `changes` applied in the trainer's dialect (flags, or Bridge overrides)."""
     for ch in changes:
-        launch = apply(launch, ch)
+        launch = runner.dialect.apply(launch, ch) if runner is not None else apply(launch, ch)
     return launch
-
-
-def _profile_and_recommend(runner: Runner, rnd: int, base: Launch, tpl: str, contract: Any,
-                           contract_path: Path | None, recommender: Recommender,
-                           reuse: Mapping[str, Any] | None = None) -> list[Recommendation]:
-    """Profile the baseline and ask the recommender. `reuse`: the accepted candidate's confirm
-    run (this round's baseline command, profiled before its measured window), whose trace and
-    unprofiled step time serve instead of a new profile run."""
-    traces = [t for t in (reuse or {}).get("traces") or [] if Path(t).is_file()]
-    if traces and reuse:
-        log_path, ref_s = reuse.get("log_path"), reuse.get("step_s")
-        log(f"round {rnd}: the accepted candidate's confirm trace is this round's profile")
-    else:
-        pol = runner.opts.policy
-        iters = pol.screen_iters
-        trace_dir = runner.opts.workdir / runner.session / f"r{rnd}-profile-trace"
-        start, end = max(iters // 2, 1), iters
-        launch = _with_args(_harness(base, iters), tpl.format(dir=trace_dir, start=start, end=end))
-        rec = runner.run(f"r{rnd}:profile:baseline:0", role="profile", label="baseline",
-                         launch=launch, iters=iters, window=Window.tail(iters))
-        if rec.get("cause"):
-            raise UserError(f"the baseline profile run failed ({rec['cause']}): "
-                            f"see {rec['log_path']}")
-        traces = sorted(str(p) for p in trace_dir.glob("*.json*")) if trace_dir.is_dir() else []
-        if not traces:
-            log(f"profile run wrote no trace under {trace_dir}")
-            return []
-        log_path = rec["log_path"]
-        ref_s = _unprofiled_step_s(Path(log_path), start)
-    if contract is None and log_path:  # no contract given: the run's own argument dump claims
-        contract = _contract_from_log(Path(log_path))
-    try:
-        recs = recommender(traces, contract, contract_path, reference_step_s=ref_s)
-    except UserError as exc:
-        if runner.opts.tries:
-            log(f"the profile cannot be diagnosed ({exc.message}); trying --try candidates only")
-            return []
-        raise UserError(f"tune cannot work on this run: its profile cannot be diagnosed "
-                        f"({exc.message}); pass --try KNOB=VALUE to A/B changes without a "
-                        "diagnosis") from None
-    log("rules recommend: " + (", ".join(f"{r.knob}={_text(r.value)} ({r.rule})" for r in recs)
-                               or "nothing"))
-    return recs
-
-
-def _unprofiled_step_s(log_path: Path, profile_start: int) -> float | None:
-    """Median time of the profile run's iterations before the profiler started (after the first),
-    the step time the what-if estimates start from: profiled steps run slower."""
-    try:
-        it = parse_file(log_path).iterations
-    except (OSError, UserError):
-        return None
-    return median_step_s(it, first=2, last=profile_start - 1) if it.height else None
 
 
 def _contract_from_log(path: Path) -> Any:
@@ -593,26 +416,25 @@ def _contract_from_log(path: Path) -> Any:
 
 def run_one(argv: Sequence[str], change_texts: Sequence[str], *, env: Mapping[str, str] | None,
             contract: Any, opts: TuneOptions) -> dict[str, Any]:
-    """`moetune run --change k=v`: one candidate against the baseline (screens + confirm)."""
+    """`moetune run --change k=v`: one candidate against the baseline (the sequential A/B)."""
     base = Launch(tuple(argv), dict(env or {}))
     changes = [parse_change(t) for t in change_texts]
-    cand = apply_all(base, changes)
-    if cand == base:
-        raise UserError(f"{', '.join(change_texts)} does not change the command")
-    label = changes[0].label
     o = replace(opts, tries=tuple(change_texts), use_rules=False)
     sid = session_id(argv, base.env, contract, o, kind="run")
-    profile_tpl = _profile_template(argv, opts) if opts.profile else None
     with Ledger.open(opts.ledger) as led:
+        runner = _runner(led, sid, o, base)
+        cand = apply_all(base, changes, runner)
+        if cand == base:
+            raise UserError(f"{', '.join(change_texts)} does not change the command")
+        label = changes[0].label
         led.start_session(sid, command=list(argv), env=base.env, contract=contract,
                           options={"change": list(change_texts), "launcher": opts.launcher})
-        runner = Runner(led, sid, opts, base)
         key = f"r0:{label}"
         prior = led.decision(sid, key)
         if prior is None:
-            res = validate_candidate(runner, "r0", base, cand, label, profile_tpl=profile_tpl,
-                                     contract=contract, knob=changes[0].knob.name,
-                                     value=changes[0].value)
+            res = ab(runner, "r0", base=base, cand=cand, label=label, base_label="baseline",
+                     pool=[], noise_groups={}, policy=opts.policy, knob=changes[0].knob.name,
+                     value=changes[0].value, contract=contract)
             led.record_decision(sid, key, label=label,
                                 change={"knob": changes[0].knob.name, "value": changes[0].value},
                                 source="user", predicted_gain=None,
@@ -621,4 +443,5 @@ def run_one(argv: Sequence[str], change_texts: Sequence[str], *, env: Mapping[st
             prior = led.decision(sid, key)
         led.finish_session(sid)
         return {"session": sid, "decision": prior, "command": list(cand.argv),
-                "runs_executed": runner.executed, "runs_reused": runner.reused}
+                "runs_executed": runner.executed, "runs_reused": runner.reused,
+                "trainer": runner.dialect.name}

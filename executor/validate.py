@@ -1,18 +1,15 @@
-"""A/B validation of one change: matched screens, a noise band, a confirm run, health checks.
+"""What one run measured and whether it is healthy: the run's step time over its measured window
+(and whether it drifted inside it), its losses, its failure cause, the loss health of a candidate
+against its baseline, and the audit of the changed knob on the candidate's trace.
 
-Protocol (the validate phase of Megatron-Bridge's MoE optimization workflow,
-`docs/training/moe-optimization.md`):
-- screens: A (baseline) and B (candidate) run alternately, A B A B A B (≥3 repeats each), same
-  seed, data and iteration count; each run's step time is the median `elapsed time per iteration`
-  over its post-warmup window (unprofiled runs only);
-- noise: the relative spread of the repeats of each arm, (max − min) / median, the larger of the
-  two; the screen gain is median(A)/median(B) − 1 and a change survives only if gain > noise
-  (and > `min_gain`);
-- confirm: the winner and the baseline re-run ≥50 iterations and are compared over a declared
-  steady window (e.g. 41–50); the confirm gain must again exceed the screen noise band;
-- health: every run must finish (crash, hang/timeout, OOM, NaN, skipped iterations → rejected
-  with that cause); the candidate's loss over the window must be finite and within
-  `loss_tolerance` (relative) of the baseline's over the same iterations;
+- step time: the median `elapsed time per iteration` over the run's measured window (never the
+  warm-up iterations, never a profiled one);
+- drift: the median of the window's second half against its first half; beyond `DRIFT_LIMIT` the
+  run is `drifting` (a host-bound run can slow down by a third inside one process), which the A/B
+  counts as extra uncertainty of that run rather than averaging it in (executor/ab.py);
+- health: every run must finish (crash, hang/timeout, OOM, NaN, skipped iterations → rejected with
+  that cause); the candidate's loss over the window must be finite and within `loss_tolerance`
+  (relative) of the baseline's over the same iterations;
 - proof: the candidate's trace is audited (analyzer.audit) for the changed knob: `contradicted`
   rejects; `unobservable` is reported but never counted as proof.
 """
@@ -22,10 +19,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import polars as pl
 from moetune.executor.flops import num_floating_point_operations
 from moetune.executor.launchers.base import RunResult
 from moetune.executor.logparse import ParsedLog, steady
@@ -52,15 +48,23 @@ class Window:
         return f"{self.first}-{self.last}"
 
 
+DRIFT_LIMIT = 0.10  # a run whose window's halves differ by more is drifting
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
-    repeats: int = 3
-    screen_iters: int = 12
-    confirm_iters: int = 50
-    confirm_window: Window = field(default_factory=lambda: Window(41, 50))
+    """How a candidate is judged (executor/ab.py): runs of `warmup` + `measured` iterations (and
+    a profile tail), at most `max_pairs` A/B pairs, a win only when the gain's lower bound (z ·
+    standard error under the run-to-run noise) clears `min_gain`."""
+
+    warmup: int = 2
+    measured: int = 12
+    max_pairs: int = 4
     min_gain: float = 0.02
     loss_tolerance: float = 0.05
     timeout_s: float | None = 900.0
+    noise_prior: float = 0.10  # log-σ of a run's median between fresh processes, a prior
+    z: float = 1.645           # one-sided 95 %
 
 
 def run_metrics(parsed: ParsedLog, result: RunResult, window: Window,
@@ -77,10 +81,14 @@ def run_metrics(parsed: ParsedLog, result: RunResult, window: Window,
     if peak is None and parsed.memory.height:
         peak = parsed.memory.get_column("allocated_mb").max()
     tflops = _model_tflops(parsed, step_ms)
+    times = win.get_column("elapsed_ms").to_list()
+    drift = _drift(times)
     m: dict[str, Any] = {
         "window": str(window),
         "step_ms": step_ms,
-        "step_ms_all": win.get_column("elapsed_ms").to_list(),
+        "step_ms_all": times,
+        "drift": drift,
+        "drifting": drift is not None and abs(drift) > DRIFT_LIMIT,
         "tflops_per_gpu": tflops,
         "tflops_per_gpu_logged": _median(win.get_column("tflops_per_gpu").drop_nulls().to_list()),
         "lm_loss": {str(k): v for k, v in losses.items()},
@@ -122,6 +130,16 @@ def failure_cause(parsed: ParsedLog, result: RunResult, m: Mapping[str, Any],
     return None
 
 
+def _drift(times: Sequence[float | None]) -> float | None:
+    """Median of the window's second half over its first half, minus one (None under 4 values)."""
+    xs = [x for x in times if x is not None and math.isfinite(x)]
+    if len(xs) < 4:
+        return None
+    h = len(xs) // 2
+    a, b = statistics.median(xs[:h]), statistics.median(xs[-h:])
+    return b / a - 1.0 if a else None
+
+
 def _median(xs: Sequence[float]) -> float | None:
     vals = [x for x in xs if x is not None and math.isfinite(x)]
     return float(statistics.median(vals)) if vals else None
@@ -139,37 +157,6 @@ def _model_tflops(parsed: ParsedLog, step_ms: float | None) -> float | None:
     except (KeyError, TypeError, ValueError):
         return None
     return flops / (step_ms / 1e3 * 1e12 * world)
-
-
-def screen_stats(a_ms: Sequence[float | None], b_ms: Sequence[float | None]) -> dict[str, Any]:
-    """Gain of B over A and the noise band from the repeats (all relative, 0.1 = 10 %)."""
-    a = [x for x in a_ms if x]
-    b = [x for x in b_ms if x]
-    if not a or not b:
-        return {"gain": None, "noise": None, "a_ms": list(a_ms), "b_ms": list(b_ms)}
-    ma, mb = statistics.median(a), statistics.median(b)
-
-    def spread(xs: list[float], med: float) -> float:
-        return (max(xs) - min(xs)) / med if len(xs) > 1 else float("inf")
-
-    return {"gain": ma / mb - 1.0, "noise": max(spread(a, ma), spread(b, mb)),
-            "a_median_ms": ma, "b_median_ms": mb, "a_ms": list(a_ms), "b_ms": list(b_ms)}
-
-
-def screen_verdict(stats: Mapping[str, Any], policy: Policy, unlocks: Sequence[str] = ()
-                   ) -> tuple[bool, str | None]:
-    """Whether a screen winner goes on to confirm: a gain above the noise band, or, for a change
-    that `unlocks` others (an enabler), not measurably slower."""
-    gain, noise = stats.get("gain"), stats.get("noise")
-    if gain is None:
-        return False, "no-measurement"
-    if unlocks and noise is not None and _not_slower(gain, noise, policy):
-        return True, None
-    if gain <= policy.min_gain:
-        return False, f"no gain ({gain:+.1%} ≤ {policy.min_gain:.0%})"
-    if gain <= noise:
-        return False, f"within noise ({gain:+.1%} ≤ noise band {noise:.1%})"
-    return True, None
 
 
 def loss_health(base: Mapping[str, Any], cand: Mapping[str, Any], tol: float
@@ -215,65 +202,3 @@ def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: An
         return {"verdict": "unobservable", "reason": f"no signature audits {knob}"}
     return {"verdict": entry.get("verdict", "unobservable"), "reason": entry.get("reason"),
             "detail": {k: v for k, v in entry.items() if k not in ("verdict", "reason")}}
-
-
-def _not_slower(gain: float, noise: float, policy: Policy) -> bool:
-    """Not measurably slower: the gain is above minus the noise band."""
-    return gain > -max(noise, policy.min_gain)
-
-
-def decide(*, screen: Mapping[str, Any], confirm_base: Mapping[str, Any] | None,
-           confirm_cand: Mapping[str, Any] | None, audit: Mapping[str, Any] | None,
-           policy: Policy, unlocks: Sequence[str] = ()) -> dict[str, Any]:
-    """Final verdict of one candidate from its screen stats, confirm runs and audit. A change
-    that `unlocks` others (it lifts the constraints blocking them) is accepted as an enabler when
-    it is healthy, ran, and is not measurably slower: its worth is what it makes possible."""
-    out: dict[str, Any] = {"screen": dict(screen)}
-    ok, why = screen_verdict(screen, policy, unlocks)
-    if not ok:
-        return {**out, "verdict": "rejected", "cause": why, "measured_gain": screen.get("gain"),
-                "noise": screen.get("noise")}
-    assert confirm_base is not None and confirm_cand is not None
-    for role, m in (("baseline", confirm_base), ("candidate", confirm_cand)):
-        if m.get("cause"):
-            return {**out, "verdict": "rejected", "cause": f"confirm {role}: {m['cause']}",
-                    "measured_gain": None, "noise": screen["noise"]}
-    gain = confirm_base["step_ms"] / confirm_cand["step_ms"] - 1.0
-    out["confirm"] = {"gain": gain, "baseline_ms": confirm_base["step_ms"],
-                      "candidate_ms": confirm_cand["step_ms"], "window": confirm_cand["window"],
-                      "tflops_per_gpu": [confirm_base.get("tflops_per_gpu"),
-                                         confirm_cand.get("tflops_per_gpu")],
-                      "peak_memory_mb": [confirm_base.get("peak_memory_mb"),
-                                         confirm_cand.get("peak_memory_mb")]}
-    healthy, why, rel = loss_health(confirm_base, confirm_cand, policy.loss_tolerance)
-    out["loss_rel_diff"] = rel
-    if not healthy:
-        return {**out, "verdict": "rejected", "cause": why, "measured_gain": gain,
-                "noise": screen["noise"]}
-    if audit is not None:
-        out["audit"] = dict(audit)
-        if audit.get("verdict") == "contradicted":
-            return {**out, "verdict": "rejected", "cause": "audit: the change did not run",
-                    "measured_gain": gain, "noise": screen["noise"]}
-    band = max(screen["noise"], policy.min_gain)
-    if gain <= band and unlocks and _not_slower(gain, screen["noise"], policy):
-        return {**out, "verdict": "accepted", "cause": None, "measured_gain": gain,
-                "noise": screen["noise"], "enables": list(unlocks),
-                "proof": f"enabler: not slower beyond the noise band ({gain:+.1%} against "
-                         f"±{band:.1%}); it unlocks {', '.join(unlocks)}"}
-    if gain <= band:
-        return {**out, "verdict": "rejected",
-                "cause": f"confirm gain {gain:+.1%} within noise band {screen['noise']:.1%}",
-                "measured_gain": gain, "noise": screen["noise"]}
-    proof = (audit or {}).get("verdict", "unavailable")
-    return {**out, "verdict": "accepted", "cause": None, "measured_gain": gain,
-            "noise": screen["noise"], "proof": proof if proof == "confirmed" else
-            f"{proof} (not counted as proof)"}
-
-
-def iterations_frame(metrics: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
-    """Step times of several runs as one frame (label, repeat, step_ms) for reports."""
-    rows = [{"label": m.get("label"), "repeat": m.get("repeat"), "step_ms": m.get("step_ms")}
-            for m in metrics]
-    return pl.DataFrame(rows, schema={"label": pl.String, "repeat": pl.Int64,
-                                      "step_ms": pl.Float64}, orient="row")

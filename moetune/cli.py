@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rules": ("rules_cmd", "list, explain and validate tuning rules"),
     "classify": ("classify", "say which kernel_classes.yaml entry classifies an event name"),
     "fit": ("fit", "plan parallel layouts that fit memory, ranked"),
-    "run": ("run_cmd", "run one knob change against the baseline (A/B screens, confirm, verdict)"),
+    "run": ("run_cmd", "run one knob change against the baseline (sequential A/B, verdict)"),
     "tune": ("tune", "closed loop: profile, diagnose, recommend, validate, accept (resumable)"),
     "ledger": ("ledger", "list recorded runs and verdicts"),
     "report": ("report", "write one self-contained HTML report (charts, timeline, advice)"),

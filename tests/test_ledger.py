@@ -105,7 +105,7 @@ def test_cli_ledger_lists_and_json(tmp_path: Path) -> None:
     jsonschema.validate(json.loads(out.stdout), SCHEMA)
     txt = subprocess.run([sys.executable, "-m", "moetune", "ledger", "--ledger", str(path)],
                          capture_output=True, text=True, cwd=root)
-    assert "r0:screen:k=v:0" in txt.stdout and "accepted (gain +20.0%, predicted +10.0% by user, noise ±5.0%)" in txt.stdout
+    assert "r0:screen:k=v:0" in txt.stdout and "accepted (gain +20.0%, predicted +10.0% by user, band ±5.0%)" in txt.stdout
     missing = subprocess.run([sys.executable, "-m", "moetune", "ledger", "--ledger",
                               str(tmp_path / "none.db")], capture_output=True, text=True, cwd=root)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
@@ -141,7 +141,7 @@ def test_by_rule_pools_the_real_h200_ledgers_without_touching_them(tmp_path: Pat
     r = subprocess.run([sys.executable, "-m", "moetune", "ledger", "--ledger", str(b)],
                        capture_output=True, text=True, cwd=ROOT)
     assert "decision tune-885bbeba759f micro_batch_size=4: accepted (gain +79.6%, predicted " \
-           "+47.8% by host.larger-micro-batch, noise ±25.8%)" in r.stdout
+           "+47.8% by host.larger-micro-batch, band ±25.8%)" in r.stdout
 
 
 def test_by_rule_counts_unmeasured_and_lends_user_tries_their_rule() -> None:

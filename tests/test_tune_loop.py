@@ -5,6 +5,7 @@ resumed without redoing or losing a finished run."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ("python -m moetune.executor.workloads.moe_gpt --num-layers 1 --hidden-size 32 "
             "--num-attention-heads 2 --num-experts 4 --seq-length 16 --vocab-size 64 "
             "--micro-batch-size 1 --global-batch-size 16")
-FAST = ["--screen-iters", "6", "--confirm-iters", "8", "--window", "5-8"]
+FAST = ["--run-iters", "6"]
 
 
 def moetune(*args: str, **kw) -> subprocess.CompletedProcess[str]:
@@ -30,8 +31,9 @@ def moetune(*args: str, **kw) -> subprocess.CompletedProcess[str]:
 
 def test_cli_usage_errors_are_one_line(tmp_path: Path) -> None:
     for args in (["run", "--change", "micro_batch_size"],
-                 ["run", "--change", "micro_batch_size=2", "--repeats", "2"],
-                 ["tune", "--window", "9-3"],
+                 ["run", "--change", "micro_batch_size=2", "--run-iters", "2"],
+                 ["tune", "--max-pairs", "0"],
+                 ["tune", "--noise-prior", "2"],
                  ["run", "--change", "micro_batch_size=2", "--contract", str(tmp_path / "none.yaml")]):
         r = moetune(*args, "--ledger", str(tmp_path / "l.db"), "--workdir", str(tmp_path))
         assert r.returncode == 2, (args, r.stderr)
@@ -50,10 +52,11 @@ def test_tune_accepts_a_win_and_rejects_a_crash(tmp_path: Path) -> None:
     win, crash = by["micro_batch_size=16"], by["moe_bogus_knob=1"]
     assert win["verdict"] == "accepted" and win["measured_gain"] > win["noise"] > 0
     ev = win["evidence"]
-    pairs = len(ev["screen"]["a_ms"])
-    assert len(ev["screen"]["b_ms"]) == pairs == (1 if ev["screen"].get("early") else 3)
+    # +300 % and more: one pair decides; its baseline is the round's profile run, measured
+    assert [(p["a_run"], p["b_run"]) for p in ev["pairs"]] == [
+        ("r0:profile:baseline:0", "r0:cand:micro_batch_size=16:0")]
+    assert ev["judgement"]["low"] > 0.02 and ev["judgement"]["pairs"] == 1
     assert ev["loss_rel_diff"] < 1e-3  # same samples per global batch: same loss
-    assert ev["confirm"]["window"] == "5-8"
     assert crash["verdict"] == "rejected" and crash["cause"] == "usage"
     assert "--micro-batch-size" in res["final_command"]
     with sqlite3.connect(tmp_path / "l.db") as c:
@@ -62,12 +65,17 @@ def test_tune_accepts_a_win_and_rejects_a_crash(tmp_path: Path) -> None:
     assert res["run_time_s"] == pytest.approx(sum(w for (w,) in walls), abs=0.1)
     assert res["final_command"][res["final_command"].index("--micro-batch-size") + 1] == "16"
     with sqlite3.connect(tmp_path / "l.db") as c:
-        rows = c.execute("SELECT key, status, cause, log_tail FROM runs ORDER BY id").fetchall()
+        rows = c.execute("SELECT key, status, cause, log_tail, command FROM runs ORDER BY id"
+                         ).fetchall()
     keys = [k for k, *_ in rows]
-    assert keys[0] == "r0:profile:baseline:0"
-    assert [k.split(":")[1] for k in keys[1:1 + 2 * pairs]] == ["screen-base", "screen"] * pairs
-    # round 1 profiles nothing: the accepted candidate's confirm trace is its profile
-    assert "r1:profile:baseline:0" not in keys
+    # round 1 profiles nothing: the accepted candidate's first run carries its trace
+    assert keys == ["r0:profile:baseline:0", "r0:cand:micro_batch_size=16:0",
+                    "r1:cand:moe_bogus_knob=1:0"]
+    # every run has the same iterations (the same schedule); the profile run and each
+    # candidate's first run carry the profiler, after the measured window (iterations 3-8)
+    cmds = [json.loads(c) for *_, c in rows]
+    assert {cmd[cmd.index("--train-iters") + 1] for cmd in cmds} == {"11"}
+    assert all(cmd[cmd.index("--profile-step-start") + 1] == "10" for cmd in cmds)
     failed = [row for row in rows if row[1] == "failed"]
     assert len(failed) == 1 and failed[0][2] == "usage"
     assert "unrecognized arguments: --moe-bogus-knob 1" in failed[0][3]  # log tail kept
@@ -80,7 +88,8 @@ def test_tune_killed_mid_run_resumes_without_redoing(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     db = tmp_path / "l.db"
     args = [sys.executable, "-m", "moetune", "tune", "--cmd", WORKLOAD, "--no-rules",
-            "--no-profile", "--budget", "1", "--try", "micro_batch_size=16", *FAST,
+            "--no-profile", "--budget", "2", "--try", "micro_batch_size=16",
+            "--try", "micro_batch_size=8", *FAST,
             "--ledger", str(db), "--workdir", str(tmp_path / "runs"), "--json"]
     p = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          start_new_session=True)
@@ -95,8 +104,8 @@ def test_tune_killed_mid_run_resumes_without_redoing(tmp_path: Path) -> None:
                 rows = c.execute("SELECT id, key, status FROM runs ORDER BY id").fetchall()
         except sqlite3.OperationalError:  # the file exists a moment before its schema commits
             continue
-        if sum(1 for r in rows if r[2] == "done") >= 3 and rows[-1][2] == "running":
-            os.killpg(p.pid, signal.SIGKILL)  # mid-run: the 4th run is in flight
+        if sum(1 for r in rows if r[2] == "done") >= 2 and rows[-1][2] == "running":
+            os.killpg(p.pid, signal.SIGKILL)  # mid-run: the 3rd run is in flight
             p.wait()
             done_before = [r for r in rows if r[2] == "done"]
             break
@@ -114,9 +123,9 @@ def test_tune_killed_mid_run_resumes_without_redoing(tmp_path: Path) -> None:
     assert len(interrupted) == 1  # the run in flight is kept, marked, and redone once
     redo = [row for row in rows if row[1] == interrupted[0][1] and row[2] == "done"]
     assert len(redo) == 1 and redo[0][3] == 2
-    pairs = len(res["decisions"][0]["evidence"]["screen"]["a_ms"])
-    # the screens (3 pairs, or 1 when it decides alone) + 2 confirms, each done exactly once
-    assert len({row[1] for row in rows}) == 2 * pairs + 2
+    # a first baseline run, then each pair's new runs, each done exactly once
+    new_runs = 1 + sum(2 * len(d["evidence"]["pairs"]) - 1 for d in res["decisions"])
+    assert len({row[1] for row in rows}) == new_runs
     assert res["decisions"][0]["verdict"] == "accepted"
 
 
@@ -196,21 +205,35 @@ def test_an_enabler_is_ordered_by_what_it_unlocks() -> None:
     assert out[0]["unlocks"] == ["host.cuda-graphs-local"]
 
 
-def test_one_screen_pair_decides_only_a_clear_win() -> None:
-    from moetune.executor.loop import _separated
+def test_one_pair_decides_only_a_clear_win() -> None:
+    """The sequential A/B's judgement: the mean log ratio of the pairs against the run-to-run
+    noise σ (the prior 10 % until repeated runs measure it), z = 1.645."""
+    from moetune.executor.ab import judge, pairs_needed, run_noise
+    from moetune.executor.validate import Policy
 
-    a = {"step_ms": 100.0, "step_ms_all": [98.0, 100.0, 103.0, 100.0]}
-    clear = {"step_ms": 50.0, "step_ms_all": [49.0, 50.0, 52.0, 50.0]}
-    # twice the standard error of the medians' ratio: IQRs 3.75 % and 4.5 % of the medians, n 4
-    se = [1.2533 * iqr / 1.349 / 2 for iqr in (0.0375, 0.045)]
-    assert _separated(a, clear) == pytest.approx(2 * (se[0] ** 2 + se[1] ** 2) ** 0.5)
-    overlap = {"step_ms": 60.0, "step_ms_all": [55.0, 60.0, 99.0, 60.0]}
-    small = {"step_ms": 90.0, "step_ms_all": [89.0, 90.0, 91.0, 90.0]}
-    slower = {"step_ms": 150.0, "step_ms_all": [149.0, 150.0, 151.0, 150.0]}
-    assert _separated(a, overlap) is None   # one candidate iteration as slow as the baseline's
-    assert _separated(a, small) is None     # separated, but +11 %: the repeats decide
-    assert _separated(a, slower) is None    # losses are never decided early
-    assert _separated(a, {"step_ms": 50.0, "step_ms_all": [50.0]}) is None  # too few iterations
+    pol = Policy()
+    pair = lambda a, b, **kw: {"log_ratio": math.log(a / b), **kw}  # noqa: E731
+    sigma = run_noise([], pol)
+    assert sigma == pytest.approx(0.10)
+    se = math.sqrt(2) * 0.10
+    clear = judge([pair(100, 50)], sigma, pol)
+    assert clear["state"] == "win" and clear["low"] == pytest.approx(
+        math.exp(math.log(2) - 1.645 * se) - 1)
+    assert judge([pair(100, 80)], sigma, pol)["state"] == "undecided"  # +25 %: one more pair
+    assert judge([pair(100, 80)] * 2, sigma, pol)["state"] == "win"    # se shrinks by √2
+    assert judge([pair(100, 150)], sigma, pol)["state"] == "no-win"
+    # a run that drifted inside its window counts its drift as extra uncertainty
+    drifted = judge([pair(100, 50, a_drift=0.4, b_drift=0.0, drifting=True)], sigma, pol)
+    assert drifted["se"] > clear["se"]
+    # an enabler is kept unless measurably slower
+    assert judge([pair(100, 105)], sigma, pol, enabler=True)["state"] == "kept"
+    assert judge([pair(100, 200)], sigma, pol, enabler=True)["state"] == "slower"
+    # the noise from repeated runs, shrunk toward the prior while they are few
+    noisy = run_noise([[100, 130, 80, 120]], pol)
+    assert noisy > 0.15
+    assert run_noise([[100, 100.5, 99.5, 100.2, 99.9, 100.1]], pol) < 0.07
+    assert pairs_needed(0.5, 0.10, pol) == 1 and pairs_needed(0.01, 0.10, pol) is None
+    assert pairs_needed(0.08, 0.10, pol) > 4
 
 
 def test_tune_that_cannot_diagnose_says_so(tmp_path: Path) -> None:
@@ -235,6 +258,7 @@ def test_time_budget_stops_before_a_run_that_would_pass_it(tmp_path: Path) -> No
     # the first run always starts; it took more than the 1 s budget, so nothing else did
     assert res["runs_executed"] == 1 and res["run_time_s"] > 1
     assert res["stopped"].startswith("time budget: runs took")
+    assert "left buy about 0 run(s)" in res["stopped"]
     assert res["decisions"] == [] and res["accepted"] == []
     assert res["final_command"] == shlex.split(WORKLOAD)  # nothing accepted
     # a re-run counts the finished run against the same budget: it reads it back, runs nothing
@@ -247,12 +271,11 @@ def test_time_budget_stops_before_a_run_that_would_pass_it(tmp_path: Path) -> No
     assert "--max-run-time" in bad.stderr
 
 
-def test_an_accepted_confirm_run_is_the_next_confirm_baseline(tmp_path: Path) -> None:
-    """After MBS 1 → 4 is accepted, its confirm run (a confirm-length run of the new baseline) is
-    the baseline of MBS 4 → 32's confirm pair: no baseline run is repeated for it."""
+def test_an_accepted_candidates_runs_are_the_next_baseline(tmp_path: Path) -> None:
+    """After MBS 1 → 4 is accepted, its measured run is the baseline of MBS 4 → 32's first pair:
+    no baseline run is repeated for it."""
     pytest.importorskip("torch")
-    # GBS 32 makes both steps ≥ 2× faster (32 → 8 → 1 micro-batches): with GBS 16 the second
-    # step's +90 % fell inside a loaded CI machine's 3-repeat noise band and never confirmed
+    # GBS 32 makes both steps ≥ 2× faster (32 → 8 → 1 micro-batches)
     workload = WORKLOAD.replace("--global-batch-size 16", "--global-batch-size 32")
     r = moetune("tune", "--cmd", workload, "--no-rules", "--no-profile", "--budget", "2",
                 "--try", "micro_batch_size=4", "--try", "micro_batch_size=32", *FAST,
@@ -262,15 +285,12 @@ def test_an_accepted_confirm_run_is_the_next_confirm_baseline(tmp_path: Path) ->
     res = json.loads(r.stdout)
     first, second = res["decisions"]
     assert first["label"] == "micro_batch_size=4" and first["verdict"] == "accepted"
-    assert first["evidence"]["confirm_run"] == "r0:confirm:micro_batch_size=4:0"
-    assert "confirm_base_run" not in first["evidence"]
+    assert first["evidence"]["pairs"][0]["a_run"] == "r0:base:micro_batch_size=4:first"
+    assert second["evidence"]["pairs"][0]["a_run"] == "r0:cand:micro_batch_size=4:0"
     with sqlite3.connect(tmp_path / "l.db") as c:
         keys = [k for (k,) in c.execute("SELECT key FROM runs ORDER BY id")]
-    assert "r0:confirm-base:micro_batch_size=4:0" in keys
-    assert "confirm" in second["evidence"], second  # its screens won: a confirm pair ran
-    assert second["evidence"]["confirm_base_run"] == "r0:confirm:micro_batch_size=4:0"
-    assert not any(k.startswith("r1:confirm-base") for k in keys)
-    assert "r1:confirm:micro_batch_size=32:0" in keys
+    assert not any(k.startswith("r1:base:micro_batch_size=32:first") for k in keys)
+    assert "r1:cand:micro_batch_size=32:0" in keys
 
 
 def test_what_an_accepted_enabler_unlocked_is_tried_inside_the_noise_band(tmp_path: Path) -> None:
@@ -280,7 +300,7 @@ def test_what_an_accepted_enabler_unlocked_is_tried_inside_the_noise_band(tmp_pa
     recommender hook standing in for the rules' judgement of the CPU workload."""
     pytest.importorskip("torch")
     from moetune.executor.loop import TuneOptions, tune
-    from moetune.executor.validate import Policy, Window
+    from moetune.executor.validate import Policy
 
     seen: list[int] = []
 
@@ -297,8 +317,7 @@ def test_what_an_accepted_enabler_unlocked_is_tried_inside_the_noise_band(tmp_pa
 
     workload = WORKLOAD.replace("--global-batch-size 16", "--global-batch-size 32")
     opts = TuneOptions(workdir=tmp_path / "runs", ledger=tmp_path / "l.db", budget=3,
-                       policy=Policy(screen_iters=6, confirm_iters=12,
-                                     confirm_window=Window(9, 12)))
+                       policy=Policy(measured=6))
     res = tune(shlex.split(workload), opts=opts, recommender=recommender)
     by = {d["label"]: d for d in res["decisions"]}
     assert by["micro_batch_size=4"]["verdict"] == "accepted"

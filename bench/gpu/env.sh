@@ -25,15 +25,16 @@ T0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$S"
 
 # `moetune tune --cmd "$BASE"` with the protocol the scripts use (TRIES first, then the rules;
-# BUDGET candidates; confirm runs of CONFIRM_ITERS iterations, window WINDOW (50, 41-50);
-# TUNE_CAP seconds, after which a re-run with KEEP_W=1 resumes), then its records
-# under $OUT with file-name prefix $1: ledger, run logs, run traces. More tune arguments follow $1.
+# BUDGET candidates; RUN_ITERS measured iterations a run; MAX_RUN_TIME machine seconds for the
+# loop's runs; TUNE_CAP seconds of wall time, after which a re-run with KEEP_W=1 resumes), then
+# its records under $OUT with file-name prefix $1: ledger, run logs, run traces. More tune
+# arguments follow $1.
 tune_and_collect() {
   local pre=$1 tries="" t; shift
   for t in ${TRIES-}; do tries="$tries --try $t"; done
   say "tune start at +$(( $(date +%s) - T0 ))s: $BASE"
   timeout ${TUNE_CAP:-420} python3 -m moetune tune --cmd "$BASE" --budget ${BUDGET:-4} $tries "$@" \
-    --confirm-iters ${CONFIRM_ITERS:-50} --window ${WINDOW:-41-50} --repeats 3 --timeout 150 \
+    --run-iters ${RUN_ITERS:-12} ${MAX_RUN_TIME:+--max-run-time $MAX_RUN_TIME} --timeout 300 \
     --ledger "$W/ledger.sqlite" --workdir "$W/runs" --json > "$W/tune.json" 2> "$W/tune.err"
   say "tune rc=$? at +$(( $(date +%s) - T0 ))s (124 = stopped by the time cap; rerunning resumes)"
   tail -n 40 "$W/tune.err" | tee -a "$S"
@@ -41,7 +42,7 @@ tune_and_collect() {
   # SQLite's online backup: a plain copy of a WAL-mode database killed by the cap loses the WAL
   python3 -c "import sqlite3,sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
     "$W/ledger.sqlite" "$OUT/${pre}ledger.sqlite" 2>/dev/null
-  # logs of every run; traces of each round's profile and of the candidates' confirm runs
+  # logs of every run; traces of each round's profile and of each candidate's first run
   (cd "$W" && tar czf "$OUT/${pre}runs.tar.gz" --exclude='*.json.gz' runs tune.err tune.json)
   (cd "$W" && tar cf "$OUT/${pre}run_traces.tar" $(find runs -name '*.json.gz'))
 }

@@ -44,6 +44,6 @@ fi
 [ "${EP2_TUNE:-1}" = 1 ] || exit 0
 
 TRIES=${TRIES-overlap_grad_reduce=true moe_token_dispatcher_type=allgather} BUDGET=${BUDGET:-3}
-tune_and_collect ep2_ --launcher torchrun --nproc-per-node 2 --screen-iters ${SCREEN_ITERS:-8}
+tune_and_collect ep2_ --launcher torchrun --nproc-per-node 2 --run-iters ${SCREEN_ITERS:-8}
 ls -la "$OUT" | tee -a "$S"
 say "total +$(( $(date +%s) - T0 ))s"

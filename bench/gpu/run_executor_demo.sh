@@ -77,7 +77,7 @@ if [ -n "$MISSING" ] && [ "$MISSING" != "nvtx" ]; then
   say "tune SKIPPED: missing $MISSING (carry polars, polars-runtime-32, msgspec, jsonschema, jsonschema-specifications, referencing, rpds-py)"
   [ -n "$FXPID" ] && wait $FXPID; ls -la "$OUT" | tee -a "$S"; exit 0
 fi
-tune_and_collect "" --screen-iters ${SCREEN_ITERS:-10}
+tune_and_collect "" --run-iters ${SCREEN_ITERS:-10}
 [ -n "$FXPID" ] && wait $FXPID
 ls -la "$OUT" | tee -a "$S"
 say "total +$(( $(date +%s) - T0 ))s"

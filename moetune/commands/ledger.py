@@ -80,7 +80,7 @@ def gains_text(d: dict) -> str:
     if d.get("predicted_gain") is not None:
         parts.append(f"predicted {d['predicted_gain']:+.1%} by {d.get('source') or '?'}")
     if d.get("noise") is not None:
-        parts.append(f"noise ±{d['noise']:.1%}")
+        parts.append(f"band ±{d['noise']:.1%}")
     return ", ".join(parts)
 
 

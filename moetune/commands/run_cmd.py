@@ -38,10 +38,18 @@ def add_exec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=1, help="Slurm nodes")
     p.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
                    help="extra #SBATCH --KEY=VALUE line (repeatable)")
-    p.add_argument("--repeats", type=int, default=3, help="alternating A/B screen repeats (≥3)")
-    p.add_argument("--screen-iters", type=int, default=12, help="iterations per screen run")
-    p.add_argument("--confirm-iters", type=int, default=50, help="iterations of the confirm runs (≥50)")
-    p.add_argument("--window", metavar="A-B", help="confirm steady window (default: last 10 iterations)")
+    p.add_argument("--warmup-iters", type=int, default=2,
+                   help="iterations of every run never measured (default 2: Megatron compiles "
+                        "its fusions in the first two)")
+    p.add_argument("--run-iters", type=int, default=12,
+                   help="measured iterations of every run, after the warm-up (≥ 4; the profiler "
+                        "takes three more at the end of a profiled run, run unprofiled in the rest)")
+    p.add_argument("--max-pairs", type=int, default=4,
+                   help="A/B pairs for one candidate, at most: a clear win takes one new run, a "
+                        "small gain more pairs until the evidence decides (docs/executor.md)")
+    p.add_argument("--noise-prior", type=float, default=0.10,
+                   help="run-to-run noise of fresh processes (σ of log step time) assumed until "
+                        "the session has measured its own (default 0.10)")
     p.add_argument("--min-gain", type=float, default=0.02, help="smallest gain worth keeping (0.02 = 2 %%)")
     p.add_argument("--loss-tolerance", type=float, default=0.05, help="relative loss difference allowed")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a run counts as hung")
@@ -85,19 +93,19 @@ def load_contract_doc(path: str | None) -> Any:
 def tune_options(args: argparse.Namespace, *, budget: int = 1, tries: tuple[str, ...] = (),
                  use_rules: bool = False, max_run_time_s: float | None = None):
     from moetune.executor.loop import TuneOptions
-    from moetune.executor.validate import Policy, Window
+    from moetune.executor.validate import Policy
 
-    if args.repeats < 3:
-        raise UserError("--repeats must be at least 3 (A B A B A B)")
-    if args.confirm_iters < 2 or args.screen_iters < 4:
-        raise UserError("--screen-iters must be ≥ 4 and --confirm-iters ≥ 2")
-    window = Window.parse(args.window) if args.window else Window.tail(args.confirm_iters, size=10)
-    if window.last > args.confirm_iters or window.first < 2 or window.first > window.last:
-        raise UserError(f"--window {window} must lie within iterations 2–{args.confirm_iters}")
-    policy = Policy(repeats=args.repeats, screen_iters=args.screen_iters,
-                    confirm_iters=args.confirm_iters, confirm_window=window,
-                    min_gain=args.min_gain, loss_tolerance=args.loss_tolerance,
-                    timeout_s=args.timeout)
+    if args.run_iters < 4:
+        raise UserError("--run-iters must be at least 4 (the drift check halves the window)")
+    if args.warmup_iters < 1:
+        raise UserError("--warmup-iters must be at least 1 (the first iteration carries start-up)")
+    if args.max_pairs < 1:
+        raise UserError("--max-pairs must be at least 1")
+    if not 0 < args.noise_prior < 1:
+        raise UserError("--noise-prior must lie between 0 and 1 (σ of log step time)")
+    policy = Policy(warmup=args.warmup_iters, measured=args.run_iters, max_pairs=args.max_pairs,
+                    noise_prior=args.noise_prior, min_gain=args.min_gain,
+                    loss_tolerance=args.loss_tolerance, timeout_s=args.timeout)
     slurm = dict(env_pairs(args.slurm_option))
     return TuneOptions(workdir=args.workdir, ledger=args.ledger, budget=budget, policy=policy,
                        launcher=args.launcher, nproc_per_node=args.nproc_per_node,
@@ -118,9 +126,10 @@ def env_profile(args: argparse.Namespace) -> str | None:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "run", help="run one knob change against the baseline (A/B screens, confirm, verdict)",
-        description="Apply one knob change to the training command, run matched alternating "
-        "A/B screens and a confirm pair, and record the verdict in the ledger.")
+        "run", help="run one knob change against the baseline (sequential A/B, verdict)",
+        description="Apply one knob change to the training command (Megatron-LM flags, or "
+        "Megatron-Bridge overrides for a Bridge recipe), A/B it against the baseline in pairs of "
+        "fresh runs until the evidence decides, and record the verdict in the ledger.")
     p.add_argument("--change", action="append", required=True, metavar="KNOB=VALUE",
                    help="the change, e.g. micro_batch_size=4 (knob names from rules/knobs.yaml)")
     add_exec_options(p)
@@ -139,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     gain = f"{d['measured_gain']:+.1%}" if d["measured_gain"] is not None else "n/a"
     noise = f"{d['noise']:.1%}" if d["noise"] is not None else "n/a"
-    print(f"{d['label']}: {d['verdict']} · gain {gain} · noise band {noise}"
+    print(f"{d['label']}: {d['verdict']} · gain {gain} · 95 % band ±{noise}"
           + (f" · cause: {d['cause']}" if d["cause"] else ""))
     print(f"session {res['session']} · {res['runs_executed']} runs executed, "
           f"{res['runs_reused']} read back from {args.ledger}")

@@ -20,11 +20,12 @@ from moetune.errors import UserError
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "tune", help="closed loop: profile, diagnose, recommend, validate, accept (resumable)",
-        description="Profile the baseline, diagnose it, take the rules' one-knob "
-        "recommendations (and --try candidates), validate each with A/B screens and a confirm "
-        "run, accept winners and start again from them. Re-running the same command resumes "
-        "from the ledger: finished runs are never redone.")
-    p.add_argument("--budget", type=int, default=4, help="candidates to validate, at most")
+        description="Profile the baseline (Megatron-LM's own profiler flags, or Megatron-Bridge's "
+        "profiling overrides; the trace is read where the trainer writes it), diagnose it, take "
+        "the rules' one-knob recommendations (and --try candidates), A/B each in pairs of fresh "
+        "runs until the evidence decides, accept winners and start again from them. Re-running "
+        "the same command resumes from the ledger: finished runs are never redone.")
+    p.add_argument("--budget", type=int, default=4, help="candidates to judge, at most")
     p.add_argument("--try", dest="tries", action="append", default=[], metavar="KNOB=VALUE",
                    help="a candidate of your own (repeatable), after the rules' ones")
     p.add_argument("--no-rules", action="store_true", help="only the --try candidates")
