@@ -177,3 +177,12 @@ def parse_log(text: str, rc: int) -> dict[str, Any]:
         lines = [ln for ln in text.splitlines() if "Error" in ln or "error" in ln]
         out["error"] = (lines[-1] if lines else (text.strip().splitlines() or [""])[-1])[:300]
     return out
+
+
+if __name__ == "__main__":  # the grid start's command, for `moetune tune --cmd` (bench/gpu/mlm_tune.sh)
+    import shlex
+    import sys
+
+    shape, megatron = sys.argv[1], sys.argv[2]
+    point = parse_id(sys.argv[3]) if len(sys.argv) > 3 else {}
+    print(shlex.join(command(megatron, shape, point, "", repeat=True)))
