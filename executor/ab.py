@@ -7,10 +7,11 @@ one run. So:
 - a pair is one baseline run (A) and one candidate run (B) of the session's run shape; the first
   A is the baseline's latest run already measured (the round's profile run, or the runs that made
   it the baseline), so a clear win costs one new run;
-- a run's evidence is the median of its measured window; its uncertainty is the run-to-run noise
-  σ (log units) of fresh processes, estimated from the session's own repeated runs of one
-  configuration and shrunk toward `Policy.noise_prior` while they are few (`run_noise`), plus,
-  for a run that drifted inside its window, that drift;
+- a run's evidence is its step time (the median of its measured window, or of the window's later
+  half when it drifted: executor/validate.py); its uncertainty is the run-to-run noise σ (log
+  units) of fresh processes, estimated from the session's own repeated runs of one configuration
+  and shrunk toward `Policy.noise_prior` while they are few (`run_noise`), plus, for a run that
+  drifted inside its window, a quarter of that drift;
 - after each pair: the mean log ratio r̄ of the pairs and its standard error se; a win when
   r̄ − z·se clears ln(1 + min_gain), no win when r̄ + z·se does not, else one more pair, up to
   `max_pairs` (undecided then: rejected, and said so);
@@ -80,15 +81,17 @@ def pairs_needed(gain: float, sigma: float, policy: Policy) -> int | None:
 
 
 def _drift_var(p: Mapping[str, Any]) -> float:
-    return sum(d ** 2 for d in (p.get("a_drift"), p.get("b_drift"))
-               if d is not None and p.get("drifting"))
+    """A drifting run's remaining uncertainty: a quarter of its drift, as a standard deviation."""
+    return sum((d / 4) ** 2 for d, on in ((p.get("a_drift"), p.get("a_drifting")),
+                                          (p.get("b_drift"), p.get("b_drifting")))
+               if d is not None and on)
 
 
 def _pair(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     ma, mb = _metrics(a), _metrics(b)
     return {"a_run": a.get("key"), "b_run": b.get("key"), "a_ms": ma["step_ms"],
             "b_ms": mb["step_ms"], "a_drift": ma.get("drift"), "b_drift": mb.get("drift"),
-            "drifting": bool(ma.get("drifting") or mb.get("drifting")),
+            "a_drifting": bool(ma.get("drifting")), "b_drifting": bool(mb.get("drifting")),
             "log_ratio": math.log(ma["step_ms"] / mb["step_ms"])}
 
 

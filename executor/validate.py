@@ -5,8 +5,11 @@ against its baseline, and the audit of the changed knob on the candidate's trace
 - step time: the median `elapsed time per iteration` over the run's measured window (never the
   warm-up iterations, never a profiled one);
 - drift: the median of the window's second half against its first half; beyond `DRIFT_LIMIT` the
-  run is `drifting` (a host-bound run can slow down by a third inside one process), which the A/B
-  counts as extra uncertainty of that run rather than averaging it in (executor/ab.py);
+  run is `drifting`, and its step time is the second half's median, not averaged over the drift.
+  On Megatron-LM's host-bound runs (bench/grid_mlm) the first 5-7 iterations kept recompiling its
+  `torch.compile` fusions for new per-expert token counts (MBS 8: 652, 569, 358 ms, then 240-320
+  ms); a run can also slow down inside one process. The A/B counts a quarter of the drift as that
+  run's remaining uncertainty (executor/ab.py);
 - health: every run must finish (crash, hang/timeout, OOM, NaN, skipped iterations → rejected with
   that cause); the candidate's loss over the window must be finite and within `loss_tolerance`
   (relative) of the baseline's over the same iterations;
@@ -83,12 +86,17 @@ def run_metrics(parsed: ParsedLog, result: RunResult, window: Window,
     tflops = _model_tflops(parsed, step_ms)
     times = win.get_column("elapsed_ms").to_list()
     drift = _drift(times)
+    drifting = drift is not None and abs(drift) > DRIFT_LIMIT
+    window_ms = step_ms
+    if drifting:  # the window's later half: the run's level once the drift is behind it
+        step_ms = _median(times[len(times) - len(times) // 2:])
     m: dict[str, Any] = {
         "window": str(window),
         "step_ms": step_ms,
+        "window_median_ms": window_ms,
         "step_ms_all": times,
         "drift": drift,
-        "drifting": drift is not None and abs(drift) > DRIFT_LIMIT,
+        "drifting": drifting,
         "tflops_per_gpu": tflops,
         "tflops_per_gpu_logged": _median(win.get_column("tflops_per_gpu").drop_nulls().to_list()),
         "lm_loss": {str(k): v for k, v in losses.items()},

@@ -223,8 +223,8 @@ def test_one_pair_decides_only_a_clear_win() -> None:
     assert judge([pair(100, 80)] * 2, sigma, pol)["state"] == "win"    # se shrinks by √2
     assert judge([pair(100, 150)], sigma, pol)["state"] == "no-win"
     # a run that drifted inside its window counts its drift as extra uncertainty
-    drifted = judge([pair(100, 50, a_drift=0.4, b_drift=0.0, drifting=True)], sigma, pol)
-    assert drifted["se"] > clear["se"]
+    drifted = judge([pair(100, 50, a_drift=0.4, a_drifting=True, b_drift=0.0)], sigma, pol)
+    assert drifted["se"] == pytest.approx(math.sqrt(2 * 0.01 + 0.1 ** 2))
     # an enabler is kept unless measurably slower
     assert judge([pair(100, 105)], sigma, pol, enabler=True)["state"] == "kept"
     assert judge([pair(100, 200)], sigma, pol, enabler=True)["state"] == "slower"

@@ -97,6 +97,8 @@ def test_drift_inside_a_run_is_measured_not_averaged() -> None:
                                  grad_norm=1.0, skipped=0, nan=0) for i in range(1, 13)]
     m = run_metrics(parse_text("\n".join(lines)), OK, Window(3, 10))
     assert m["drift"] == pytest.approx(1500 / 1100 - 1) and m["drifting"]
+    # its step time is the later half's, the window's median kept beside it
+    assert (m["step_ms"], m["window_median_ms"]) == (1500.0, 1300.0)
 
 
 def test_audit_change_proves_a_micro_batch_change_on_the_h200_trace() -> None:
