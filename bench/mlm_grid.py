@@ -179,6 +179,9 @@ def report(args: argparse.Namespace) -> int:
             return 2
     points: dict[str, dict[str, Any]] = {}
     for r in recs:
+        cmd = r.get("command") or []
+        if r.get("point", "").endswith("_local") and "--cuda-graph-modules" not in cmd:
+            r["point"] = r["point"] + "_layer"  # call 2 ran "local" as whole layers
         if r.get("status") != "ok" and r.get("status") not in ("oom", "crash", "refused"):
             continue
         key = f"{r.get('shape')}:{r.get('point')}"

@@ -65,7 +65,7 @@ KNOBS: dict[str, list[Any]] = {
     "grouped": [False, True],
     "recompute": ["full", "selective", "none"],
     "dispatcher": ["alltoall", "allgather"],
-    "graphs": ["eager", "local"],
+    "graphs": ["eager", "local"],   # + "local_layer", "local_droppad" as EXTRA points
 }
 START: dict[str, Any] = {"mbs": 1, "grouped": False, "recompute": "full", "dispatcher": "alltoall",
                          "graphs": "eager"}
@@ -76,9 +76,14 @@ RECOMPUTE_FLAGS = {
     "selective": ["--recompute-granularity", "selective"],
     "none": [],
 }
-# Megatron-LM's local CUDA graphs of whole layers; dropless MoE fails under capture
-# (token_dispatcher.py: d2h_event.synchronize() -> cudaErrorCapturedEvent), which the grid records
-GRAPH_FLAGS = {"eager": [], "local": ["--cuda-graph-impl", "local"],
+# Megatron-LM's local CUDA graphs as the rules propose them without TE: the MoE router and
+# preprocess scopes (the dispatcher's host copy then happens outside the graph); whole layers
+# (`local_layer`) fail under capture for dropless MoE (token_dispatcher.py: d2h_event.synchronize()
+# -> cudaErrorCapturedEvent), which the grid records
+GRAPH_FLAGS = {"eager": [],
+               "local": ["--cuda-graph-impl", "local", "--cuda-graph-modules", "moe_router",
+                         "moe_preprocess"],
+               "local_layer": ["--cuda-graph-impl", "local"],
                # static shapes: drop-and-pad at capacity 1.0 (two changes, an EXTRA point only)
                "local_droppad": ["--cuda-graph-impl", "local", "--moe-expert-capacity-factor",
                                  "1.0", "--moe-pad-expert-input-to-capacity"]}

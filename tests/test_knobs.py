@@ -316,6 +316,15 @@ def test_section6_constraints() -> None:
     assert blocked("moe_router_fusion", True, {}, versions={"transformer_engine": "2.6.0"})
     assert blocked("recompute_modules", ["moe_act"], {"moe_grouped_gemm": False})
     assert blocked("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", {"nccl_ub": True})
+    # whole-layer local graphs of a dropless alltoall MoE layer crash at capture (Megatron-LM
+    # d98e8a64 on the H200): the router and preprocess scopes, or padding to capacity, run
+    moe = {"model": {"num_experts": 48}}
+    assert blocked("cuda_graph_impl", "local", {}, **moe)
+    assert blocked("cuda_graph_impl", "local", {"cuda_graph_modules": ["moe_router", "moe_preprocess"]},
+                   **moe) == []
+    assert blocked("cuda_graph_impl", "local", {"moe_expert_capacity_factor": 1.0,
+                                                "moe_pad_expert_input_to_capacity": True}, **moe) == []
+    assert blocked("cuda_graph_impl", "local", {}) == []  # a dense model has no dispatcher
     assert blocked("moe_flex_dispatcher_backend", "deepep",
                    {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "hybridep"},
                    hardware={"gpu_model": "GB200", "nvlink_domain_size": 72})
