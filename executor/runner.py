@@ -76,7 +76,8 @@ class Runner:
                  timeout_s: float | None = None, nproc_per_node: int = 1, nodes: int = 1,
                  slurm_options: Mapping[str, str] | None = None, env_profile: str | None = None,
                  max_run_time_s: float | None = None) -> None:
-        self.ledger, self.session, self.workdir = ledger, session, workdir
+        # absolute: the trainer writes its traces from its own working directory (a Slurm job's)
+        self.ledger, self.session, self.workdir = ledger, session, workdir.resolve()
         self.dialect, self.shape, self.base0 = dialect, shape, base0
         self.launcher = get_launcher(launcher)
         self.timeout_s, self.nproc_per_node, self.nodes = timeout_s, nproc_per_node, nodes
