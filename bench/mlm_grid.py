@@ -166,6 +166,38 @@ def pack(out: Path, work: Path) -> None:
 
 # ---- here: fold device outputs into bench/grid_mlm/ ----
 
+def moetune_step(log_text: str, command: list[str], rc: int) -> dict[str, Any]:
+    """A run's step time by moetune's own definition (executor/validate.py `run_metrics`): the
+    measured window is iterations 3 … profile start − 2 (3-8 in calls 1-2, 3-14 after)."""
+    from moetune.executor.launchers.base import RunResult
+    from moetune.executor.logparse import parse_text
+    from moetune.executor.validate import Window, run_metrics
+
+    def flag(name: str, default: int) -> int:
+        return int(command[command.index(name) + 1]) if name in command else default
+
+    iters = flag("--train-iters", ms.TRAIN_ITERS)
+    start = flag("--profile-step-start", iters - 1)
+    m = run_metrics(parse_text(log_text), RunResult(rc, False, 0.0, Path("train.log")),
+                    Window(3, start - 2))
+    return {"step_ms": m["step_ms"], "window": m["window"], "drift": m["drift"],
+            "drifting": m["drifting"], "window_median_ms": m["window_median_ms"]}
+
+
+def _logs(files: list[Path]) -> dict[tuple[str, str], str]:
+    """(call, run folder) -> its train.log, from the calls' kept logs.tar.gz."""
+    out: dict[tuple[str, str], str] = {}
+    for f in files:
+        tar = f.with_name(f"{f.stem}_logs.tar.gz")
+        if not tar.is_file():
+            continue
+        with tarfile.open(tar) as t:
+            for m in t.getmembers():
+                if m.name.endswith("train.log") and (fh := t.extractfile(m)) is not None:
+                    out[(f.stem, m.name.split("/")[0])] = fh.read().decode(errors="replace")
+    return out
+
+
 def report(args: argparse.Namespace) -> int:
     dest = ROOT / "bench" / "grid_mlm"
     dest.mkdir(parents=True, exist_ok=True)
@@ -177,8 +209,12 @@ def report(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"mlm_grid: {f}: {exc}", file=sys.stderr)
             return 2
+    logs = _logs([Path(f) for f in args.files])
     points: dict[str, dict[str, Any]] = {}
     for r in recs:
+        text = logs.get((r["call"], r["id"]))
+        if text is not None and r.get("status") == "ok":
+            r.update(moetune_step(text, r.get("command") or [], r.get("rc") or 0))
         cmd = r.get("command") or []
         if r.get("point", "").endswith("_local") and "--cuda-graph-modules" not in cmd:
             r["point"] = r["point"] + "_layer"  # call 2 ran "local" as whole layers
@@ -188,8 +224,9 @@ def report(args: argparse.Namespace) -> int:
         if not r.get("point") or r["id"].startswith("probe_"):
             continue
         p = points.setdefault(key, {"shape": r["shape"], "point": r["point"], "runs": []})
-        p["runs"].append({k: r.get(k) for k in ("call", "id", "status", "step_ms", "iter_ms",
-                                                  "tflops_per_gpu", "max_alloc_gib",
+        p["runs"].append({k: r.get(k) for k in ("call", "id", "status", "step_ms", "window",
+                                                  "drift", "drifting", "window_median_ms",
+                                                  "iter_ms", "tflops_per_gpu", "max_alloc_gib",
                                                   "max_reserved_gib", "wall_s", "init_s", "error")})
     for p in points.values():
         ok = [x["step_ms"] for x in p["runs"] if x["status"] == "ok" and x["step_ms"]]
@@ -199,13 +236,16 @@ def report(args: argparse.Namespace) -> int:
     doc = {"trainer": "NVIDIA/Megatron-LM pretrain_gpt.py", "megatron_commit": ms.MEGATRON_COMMIT,
            "shapes": {k: v["desc"] for k, v in ms.SHAPES.items()},
            "protocol": {"train_iters": ms.TRAIN_ITERS, "steady": [ms.STEADY.start, ms.STEADY.stop - 1],
-                        "profile": [ms.PROFILE_START, ms.PROFILE_END]},
+                        "profile": [ms.PROFILE_START, ms.PROFILE_END],
+                        "step_ms": "executor/validate.py run_metrics over each run's window"},
            "points": sorted(points.values(), key=lambda p: (p["shape"], p["point"]))}
     (dest / "grid.json").write_text(json.dumps(doc, indent=1) + "\n")
     for p in doc["points"]:
         mem = p["runs"][0]
-        print(f"{p['shape']:5} {p['point']:28} {p['status']:7} {p['step_ms'] or '':>9} ms "
-              f"n={p['n_runs']} alloc={mem.get('max_alloc_gib')} wall={mem.get('wall_s')}")
+        drift = ", ".join(f"{x['drift']:+.0%}" for x in p["runs"] if x.get("drift") is not None)
+        print(f"{p['shape']:5} {p['point']:32} {p['status']:7} {p['step_ms'] or '':>9} ms "
+              f"n={p['n_runs']} alloc={mem.get('max_alloc_gib')} wall={mem.get('wall_s')} "
+              f"drift {drift or '-'}")
     return 0
 
 

@@ -8,13 +8,14 @@ Megatron-LM runs there without Transformer Engine or Apex, so every point carrie
 TE-less local-spec run needs (`NO_TE_FLAGS`, each one named in `docs/executor.md`).
 
 A point is a dict of knob values (KNOBS); its id spells them, e.g. `mbs1_seq_rcfull_a2a_eager`.
-Protocol of a grid run: `--train-iters 11 --log-interval 1`, Megatron's PyTorch profiler on
-iteration 10 (`--profile-step-start 10 --profile-step-end 11`: Megatron's schedule is wait 9,
-warm-up 1 (iteration 9), active 1, `ProfilerStep#10`; the trace is written at the top of
-iteration 11, which therefore takes 3-60 s on host-bound points), step time = median of the logged
-iterations STEADY (3-8: after the first two, which compile Megatron's `torch.compile` fusions, and
-before the profiler's warm-up). The first call ran 12 iterations with `--profile-step-end 12`
-(two profiled steps); its records carry their commands.
+Protocol of a grid run: the run shape `moetune tune` uses (executor/runner.py `RunShape`, 2 warm-up +
+12 measured iterations + the profiler's 3): `--train-iters 17 --log-interval 1`, Megatron's PyTorch
+profiler on iteration 16 (`--profile-step-start 16 --profile-step-end 17`: Megatron's schedule is
+wait 15, warm-up 1, active 1, `ProfilerStep#16`; the trace is written at the top of iteration 17).
+A run's step time is moetune's own definition (executor/validate.py `run_metrics` over iterations
+3-14: their median, or their later half's when the run drifted), computed here from the logs
+(`mlm_grid.py report`); `parse_log` below is the device's quick look. Calls 1-2 ran 11-12
+iterations with the profiler on 10-11 and the window 3-8; their records carry their commands.
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ GRAPH_FLAGS = {"eager": [],
                "local_droppad": ["--cuda-graph-impl", "local", "--moe-expert-capacity-factor",
                                  "1.0", "--moe-pad-expert-input-to-capacity"]}
 
-TRAIN_ITERS = 11
-PROFILE_START, PROFILE_END = 10, 11
-STEADY = range(3, 9)
+TRAIN_ITERS = 17
+PROFILE_START, PROFILE_END = 16, 17
+STEADY = range(3, 15)
 PROTOCOL = ["--train-iters", str(TRAIN_ITERS), "--profile", "--use-pytorch-profiler",
             "--profile-step-start", str(PROFILE_START), "--profile-step-end", str(PROFILE_END)]
 REPEAT = ["--train-iters", str(TRAIN_ITERS)]  # one more fresh process, no profile
