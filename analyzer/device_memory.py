@@ -72,16 +72,18 @@ def peaks(memory: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
 
 def memory_section(trace: Trace, steps: pl.DataFrame) -> dict[str, Any]:
     """`{"memory": {...}}` for the diagnosis document (paths read by rules: memory.source,
-    memory.peak_reserved_gib, memory.device_gib, memory.reserved_share)."""
+    memory.peak_reserved_gib, memory.device_gib, memory.reserved_share). Without allocator
+    events `device_gib` still says the GPU's size when the trace's device properties do."""
     per = peaks(trace.memory, steps)
-    if per.height == 0:
-        return {"memory": {"source": "none", "scope": None, "events": 0,
-                           "peak_allocated_gib": None, "peak_reserved_gib": None,
-                           "device_gib": None, "reserved_share": None, "by_rank": {}}}
     total = {}
     if "device_memory_bytes" in trace.ranks.columns:
         total = {int(r): v for r, v in trace.ranks.select("rank", "device_memory_bytes").iter_rows()
                  if v}
+    if per.height == 0:  # the peaks are unknown; the GPU's size may still be known
+        return {"memory": {"source": "none", "scope": None, "events": 0,
+                           "peak_allocated_gib": None, "peak_reserved_gib": None,
+                           "device_gib": _gib(max(total.values())) if total else None,
+                           "reserved_share": None, "by_rank": {}}}
     by_rank: dict[str, dict[str, Any]] = {}
     for rank, device, scope, n, alloc, res in per.iter_rows():
         dev = total.get(int(rank))
@@ -89,6 +91,7 @@ def memory_section(trace: Trace, steps: pl.DataFrame) -> dict[str, Any]:
             "device": device, "scope": scope, "events": int(n),
             "peak_allocated_gib": _gib(alloc), "peak_reserved_gib": _gib(res),
             "device_gib": _gib(dev), "reserved_share": round(res / dev, 4) if dev and res else None,
+            "fragmentation": round(res / alloc, 4) if res and alloc else None,
         }
     worst = max(by_rank.values(), key=lambda r: (r["reserved_share"] or -1.0,
                                                  r["peak_reserved_gib"] or 0.0))
@@ -100,7 +103,7 @@ def memory_section(trace: Trace, steps: pl.DataFrame) -> dict[str, Any]:
         "scope": worst["scope"],
         "events": sum(r["events"] for r in by_rank.values()),
         **{k: worst[k] for k in ("peak_allocated_gib", "peak_reserved_gib", "device_gib",
-                                 "reserved_share")},
+                                 "reserved_share", "fragmentation")},
         "by_rank": by_rank,
     }}
 
@@ -111,12 +114,19 @@ def diagnosis_section(trace: Trace, steps: Any, ctx: Any) -> dict[str, Any]:
     return memory_section(trace, table)
 
 
+SOURCE_WORDS = {"allocator_events": "the trace's allocator events",
+                "cuda_memory_usage": "the trace's driver allocations",
+                "log": "the run's log", "snapshot": "the memory snapshot"}
+
+
 def summary_lines(section: dict[str, Any]) -> list[str]:
     m = section.get("memory")
-    if not m or m["source"] == "none":
+    if not m or m["source"] == "none" or (m.get("peak_reserved_gib") is None and \
+            m.get("peak_allocated_gib") is None):
         return []
-    alloc = m["peak_allocated_gib"]
-    line = (f"device memory: peak reserved {m['peak_reserved_gib']:.2f} GiB, allocated "
+    alloc, res = m["peak_allocated_gib"], m.get("peak_reserved_gib")
+    line = ("device memory: peak reserved "
+            + (f"{res:.2f} GiB" if res is not None else "unknown") + ", allocated "
             + (f"{alloc:.2f} GiB" if alloc is not None else "unknown (driver-level events)"))
     if m["device_gib"]:
         line += f" of {m['device_gib']:.1f} GiB"
@@ -124,7 +134,25 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
             line += f" ({m['reserved_share']:.0%} reserved)"
     if m["scope"] == "trace":
         line += " (whole trace: no allocator event before or inside the analysed steps)"
-    return [line]
+    src = SOURCE_WORDS.get(m["source"], m["source"])
+    files = ", ".join(m.get("files") or [])
+    where = {"log": f" (max since start, after iteration {m.get('iteration')})",
+             "snapshot": " (over the recorded history)"}.get(m["source"], "")
+    line += f"; source: {src}{f' {files}' if files else ''}{where}"
+    out = [line]
+    for o in m.get("other_sources") or []:
+        out.append(f"  also {SOURCE_WORDS.get(o['source'], o['source'])}: allocated "
+                   f"{_num(o['peak_allocated_gib'])} GiB, reserved {_num(o['peak_reserved_gib'])}"
+                   " GiB")
+    for site in (m.get("largest") or [])[:3]:
+        out.append(f"  largest at the peak (snapshot): {site['site']} {site['gib']:.2f} GiB in "
+                   f"{site['allocations']} allocation(s)")
+    out += [f"  note: {n}" for n in m.get("notes") or []]
+    return out
+
+
+def _num(x: float | None) -> str:
+    return "?" if x is None else f"{x:.2f}"
 
 
 def _gib(b: int | None) -> float | None:

@@ -141,6 +141,10 @@ class ParsedLog:
     failure: str | None = None     # oom | usage | nccl | crash (from FAILURES), else None
     failure_line: str | None = None
     implementation: str | None = None  # moe_gpt's `implementation =` line
+    # Megatron's profiler span (profile_step_start, profile_step_end) and where the log says it:
+    # the argument dump, else a command line; None when the run did not profile
+    profile_steps: tuple[int, int] | None = None
+    profile_source: str | None = None
 
 
 def split_prefix(line: str) -> tuple[str, int | None, str]:
@@ -291,6 +295,7 @@ def parse_text(text: str) -> ParsedLog:
         args = parse_args_dump(text)
     except ImportError:  # the colleague's parser not installed: frames still useful
         args = {}
+    profile_steps, profile_source = _profile_span(args, text)
     return ParsedLog(
         iterations=_frame(iters, ITERATIONS_SCHEMA).sort("iteration", "rank", nulls_last=True),
         memory=_frame(mems, MEMORY_SCHEMA),
@@ -301,7 +306,33 @@ def parse_text(text: str) -> ParsedLog:
         failure=failure,
         failure_line=failure_line,
         implementation=impl,
+        profile_steps=profile_steps,
+        profile_source=profile_source,
     )
+
+
+# Megatron-LM's defaults for the profiler span (megatron/training/config/common_config.py
+# ProfilingConfig) when `--profile` is given without them
+_PROFILE_DEFAULTS = (10, 12)
+_FLAG_INT = r"--{}[= ]+(\d+)"
+
+
+def _profile_span(args: dict[str, Any], text: str) -> tuple[tuple[int, int] | None, str | None]:
+    """(profile_step_start, profile_step_end) and the source that states them: the argument dump
+    (`profile True`), else the last command line carrying `--profile`."""
+    if args.get("profile") is True:
+        start, end = args.get("profile_step_start"), args.get("profile_step_end")
+        if isinstance(start, int) and isinstance(end, int) and end > start:
+            return (start, end), "argument dump"
+    if "profile" in args:  # the dump says it did not profile
+        return None, None
+    lines = [ln for ln in text.splitlines() if re.search(r"--profile(?=\s|$)", ln)]
+    if not lines:
+        return None, None
+    line = lines[-1]
+    got = [re.search(_FLAG_INT.format(f), line) for f in ("profile-step-start", "profile-step-end")]
+    start, end = (int(m.group(1)) if m else d for m, d in zip(got, _PROFILE_DEFAULTS, strict=True))
+    return ((start, end), "command line") if end > start else (None, None)
 
 
 def classify_failure(text: str) -> tuple[str | None, str | None]:
@@ -349,6 +380,80 @@ def iteration_args(iterations: pl.DataFrame) -> dict[str, int]:
         if values.len():
             out[arg] = int(values[-1])
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceStep:
+    """A run's steady unprofiled step time from its log: the lower median of the iteration times
+    left after the warm-up and the profiled iterations, and which iterations those were."""
+
+    step_s: float
+    iterations: tuple[int, ...]   # the logged iterations the median is of
+    warmup: tuple[int, ...]       # left out: start-up (iteration 1, and 2 when others remain)
+    profiled: tuple[int, ...]     # left out: the profiler's warm-up, active and export iterations
+    profile_steps: tuple[int, int] | None  # profile_step_start, profile_step_end
+    profile_source: str | None    # argument dump | command line | given | None
+
+    def describe(self) -> str:
+        """`median of iterations 3–8 (left out: warm-up 1–2, profiled 9–12)`."""
+        left = [f"{what} {span_text(its)}" for what, its in
+                (("warm-up", self.warmup), ("profiled", self.profiled)) if its]
+        return (f"median of iterations {span_text(self.iterations)}"
+                + (f" (left out: {', '.join(left)})" if left else ""))
+
+
+def span_text(its: tuple[int, ...] | list[int]) -> str:
+    """`3–8`, `3–5, 9` (runs of consecutive iterations)."""
+    out: list[str] = []
+    xs = sorted(its)
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}–{xs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def reference_step(parsed: ParsedLog, *, profiled: tuple[int, int] | None = None
+                   ) -> ReferenceStep | None:
+    """The steady unprofiled median of a run's iteration times, or None without any.
+
+    Left out: iteration 1 (start-up: Megatron logs it apart) and 2 (the allocator's and kernels'
+    first-use costs) unless nothing else is left; and every iteration the profiler touched.
+    Megatron's PyTorch-profiler schedule for `--profile-step-start S --profile-step-end E`
+    (megatron/training/training.py) is wait S−1, warm-up 1, active E−S, stepped at the top of each
+    iteration, so logged iteration S−1 runs the profiler's warm-up (tracing on), S…E−1 are recorded
+    and E pays the trace's export (one read 12 s in a 1.6 s/iteration run); its nsys path records
+    S+1…E. So S−1…E are left out. `profiled` overrides the log's own span (the tune loop knows the
+    one it asked for). A line logged every k iterations stands for the k iterations before it: it
+    is left out when any of them is."""
+    span, source = (profiled, "given") if profiled is not None else \
+        (parsed.profile_steps, parsed.profile_source)
+    rows = parsed.iterations.drop_nulls("iteration")
+    rows = rows.sort("iteration", "rank", nulls_last=True).unique(
+        "iteration", keep="last", maintain_order=True).drop_nulls("elapsed_ms")
+    rows = rows.filter(pl.col("elapsed_ms") > 0)
+    if rows.height == 0:
+        return None
+    its = rows.get_column("iteration").to_list()
+    times = dict(zip(its, rows.get_column("elapsed_ms").to_list(), strict=True))
+    bad = set(range(span[0] - 1, span[1] + 1)) if span else set()
+    covers = {it: range(prev + 1, it + 1) for prev, it in zip([0, *its[:-1]], its, strict=True)}
+    profiled_its = tuple(it for it in its if any(i in bad for i in covers[it]))
+    free = [it for it in its if it not in profiled_its]
+    for first in (3, 2):  # a run too short for iteration 2 to be warm-up keeps it
+        steady = [it for it in free if min(covers[it]) >= first]
+        if steady:
+            break
+    if not steady:
+        return None
+    values = sorted(times[it] for it in steady)
+    return ReferenceStep(step_s=values[(len(values) - 1) // 2] / 1e3, iterations=tuple(steady),
+                         warmup=tuple(it for it in free if it not in steady),
+                         profiled=profiled_its, profile_steps=span,
+                         profile_source=source if span else None)
 
 
 def median_step_s(iterations: pl.DataFrame, *, first: int, last: int | None = None

@@ -56,8 +56,11 @@ def collect(
     window: str | None = None,
     step_range: str | None = None,
     allow_mixed_runs: bool = False,
+    reference: Any = None,
 ) -> ReportData:
     """Read the run (and optionally its ledger and a baseline run) into a `ReportData`.
+    `reference`: the run's reference inputs (`moetune.analysis.read_reference`), as `recommend`
+    takes them, so the page's advice and memory are the same numbers.
 
     Unreadable files and invalid contracts are UserErrors as everywhere; a run the pipeline cannot
     analyse (no GPU work, no step) still gives a page that says why.
@@ -73,7 +76,8 @@ def collect(
     names = [f.name for f in files]
     meta = rank_metadata(trace.ranks)
     try:
-        an = analyze_trace(trace, con, files=files, window=window, step_range=step_range)
+        an = analyze_trace(trace, con, files=files, window=window, step_range=step_range,
+                           reference_step_s=reference)
     except UserError as exc:
         return ReportData(names, None, problem=_own_words(exc), metadata=meta,
                           contract_given=con is not None, **_ledger_fields(ledger))

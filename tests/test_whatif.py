@@ -164,24 +164,28 @@ def test_the_grid_oom_point_is_predicted_not_to_fit() -> None:
 
 
 def test_recommend_log_sets_the_reference_step(tmp_path: Path) -> None:
-    """`recommend --log` starts the estimates from the log's median iteration (lower median of
-    the last two thirds); a file without iteration lines is one line, exit 2."""
+    """`recommend --log` starts the estimates from the log's steady unprofiled median
+    (iterations 3–8 of a run profiled at 10–12: the profiler's warm-up 9 and export 12 left out
+    too); a file without iteration lines is one line, exit 2."""
     import subprocess
     import sys
 
-    from moetune.commands.recommend import log_step_s
+    from moetune.analysis import read_reference
 
     folder = TRACES / "grid_mem_mbs4_seq_rcfull_a2a_eager"
-    step = log_step_s(str(folder / "train.log"))
-    assert step == pytest.approx(1.5477)
-    doc = analyze(folder / "trace.json.gz", reference_step_s=step).diagnosis
-    assert doc["whatif"]["reference_step_s"] == step
+    ref = read_reference(folder / "train.log")
+    assert ref.step_s == pytest.approx(1.6184) and ref.step.iterations == (3, 4, 5, 6, 7, 8)
+    doc = analyze(folder / "trace.json.gz", reference_step_s=ref).diagnosis
+    assert doc["whatif"]["reference_step_s"] == ref.step_s
+    assert doc["reference"]["iterations"] == [3, 4, 5, 6, 7, 8]
     bad = tmp_path / "notes.log"
     bad.write_text("no iterations here\n")
     p = subprocess.run([sys.executable, "-m", "moetune", "recommend",
                         str(TRACES / "gpu_gemm_bf16" / "trace.json.gz"), "--log", str(bad)],
                        capture_output=True, text=True, timeout=300, check=False)
-    assert p.returncode == 2 and p.stderr.strip() == f"moetune: {bad}: no iteration times in the log"
+    assert p.returncode == 2 and p.stderr.strip() == (
+        f"moetune: {bad}: no iteration time outside warm-up and the profiled iterations "
+        "(`elapsed time per iteration (ms)` lines)")
 
 
 def _mbs_target(shape: str, point: str) -> tuple[int, str]:

@@ -10,6 +10,7 @@ import shlex
 import sys
 
 from moetune import scale
+from moetune.commands import reference_args
 from moetune.errors import UserError
 from moetune.resources import demo_trace
 
@@ -27,6 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--window", metavar="A:B", help="analyze steps A..B (inclusive step ids)")
     p.add_argument("--json", action="store_true", help="print only the diagnosis document (JSON)")
     p.add_argument("--contract", metavar="FILE", help="measurement contract (YAML/JSON)")
+    reference_args.add_arguments(p)
     p.add_argument("--step-range", metavar="NAME", help="annotation/NVTX range name that marks one step")
     p.add_argument("--allow-mixed-runs", action="store_true",
                    help="analyse files together even when their metadata says they are not ranks "
@@ -52,16 +54,19 @@ def run(args: argparse.Namespace) -> int:
     if args.top is not None and args.top < 1:
         raise UserError("--top must be at least 1")
     extra = [top_section(args.top)] if args.top else []
+    reference = reference_args.from_args(args)
     opts = scale.options_from_args(args)
     mapped = None
     if scale.wanted(paths, opts):  # many ranks: summarised per rank, reduced across ranks
+        from moetune.analysis import apply_reference
+
         an, mapped = scale.diagnose_many(paths, opts, args.contract, extra_sections=extra)
-        doc = an.diagnosis
+        doc = apply_reference(an.diagnosis, reference, contract=an.contract_doc)
     else:
         with progress(f"reading and analysing {describe(paths)}", enabled=not args.quiet):
             doc = analyze(paths, args.contract, window=args.window, step_range=args.step_range,
                           audit=False, allow_mixed_runs=args.allow_mixed_runs,
-                          extra_sections=extra).diagnosis
+                          extra_sections=extra, reference_step_s=reference).diagnosis
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     elif args.quiet:

@@ -1,5 +1,6 @@
 """`moetune diff A B [--json] [--top N] [--fail-if-slower PCT] [--contract-a FILE]
-[--contract-b FILE]` and `moetune diff --ledger DB RUN_A RUN_B`."""
+[--contract-b FILE] [--log-a FILE] [--log-b FILE] [--memory-snapshot-a FILE] [--memory-snapshot-b
+FILE]` and `moetune diff --ledger DB RUN_A RUN_B`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from moetune import scale
+from moetune.commands import reference_args
 from moetune.errors import GateFailed, UserError, read_user_text
 
 CONTRACT_SUFFIXES = (".yaml", ".yml", ".json")
@@ -29,6 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--contract-a", metavar="FILE",
                    help="A's measurement contract (YAML/JSON) or Megatron log: model shape, audit")
     p.add_argument("--contract-b", metavar="FILE", help="B's contract or Megatron log")
+    reference_args.add_arguments(p, "-a", "A's reference, as recommend's --log / "
+                                 "--memory-snapshot: ")
+    reference_args.add_arguments(p, "-b", "B's reference: ")
     p.add_argument("--window", metavar="A:B", help="analyze steps A..B of both runs")
     p.add_argument("--step-range", metavar="NAME", help="annotation/NVTX range that marks one step")
     p.add_argument("--top", type=int, default=10, metavar="N",
@@ -107,20 +112,29 @@ def run(args: argparse.Namespace) -> int:
     con_a, model_a = _contract(args.contract_a)
     con_b, model_b = _contract(args.contract_b)
     if args.ledger is not None:
+        if reference_args.given(args, "-a") or reference_args.given(args, "-b"):
+            raise UserError("--log-a/-b and --memory-snapshot-a/-b apply to traces, not to "
+                            "ledger runs (a ledger holds each run's measured steps)",
+                            path=args.ledger)
         doc = _ledger_doc(args, model_a, model_b)
     else:
+        from moetune.analysis import apply_reference
+
         analyses = []
         opts = scale.options_from_args(args)
-        for label, p, con in zip("AB", (args.a, args.b), (con_a, con_b), strict=True):
+        refs = [reference_args.from_args(args, "-a"), reference_args.from_args(args, "-b")]
+        for label, p, con, ref in zip("AB", (args.a, args.b), (con_a, con_b), refs, strict=True):
             if scale.wanted([p], opts):  # many ranks: summarised per rank (docs/scale.md)
                 an, mapped = scale.diagnose_many([p], opts, con, audit=con is not None,
                                                  extra_sections=[top_section(None)])
+                apply_reference(an.diagnosis, ref, contract=an.contract_doc)
                 analyses.append(an)
                 many.append((label, an.diagnosis, mapped))
                 continue
             with progress(f"reading and analysing {p} ({describe([p])})"):
                 analyses.append(analyze([p], con, window=args.window, step_range=args.step_range,
-                                        audit=con is not None, extra_sections=[top_section(None)]))
+                                        audit=con is not None, extra_sections=[top_section(None)],
+                                        reference_step_s=ref))
         doc = diff_analyses(*analyses, top=args.top, labels=(args.a, args.b),
                             model_a=model_a or None, model_b=model_b or None)
     if args.json:

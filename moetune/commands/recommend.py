@@ -1,7 +1,11 @@
-"""`moetune recommend INPUT... [--contract FILE] [--audit FILE] [--json] [--top N] [--rules DIR]
-[--show-quiet] [--allow-non-equivalent]`: ranked single-knob changes for a diagnosed run.
+"""`moetune recommend INPUT... [--contract FILE] [--audit FILE] [--log FILE] [--memory-snapshot FILE]
+[--json] [--top N] [--rules DIR] [--show-quiet] [--allow-non-equivalent]`: ranked single-knob
+changes for a diagnosed run.
 
-INPUT is trace files/directories, or one saved diagnosis document (`moetune diagnose --json`).
+INPUT is trace files/directories, or one saved diagnosis document (`moetune diagnose --json`). The
+reference inputs (`--log`, `--memory-snapshot`) go through `moetune.analysis.read_reference` as in
+every other command; a saved diagnosis already carries the ones it was made with (`diagnose
+--log`), so it takes only those again, never others.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from moetune.commands import reference_args
 from moetune.errors import UserError, read_user_text
 
 DIAGNOSIS_SCHEMA_ID = "moetune.diagnosis/1"
@@ -31,9 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--contract", metavar="FILE",
                    help="measurement contract (YAML/JSON): current arguments, hardware, versions")
     p.add_argument("--audit", metavar="FILE", help="saved `moetune audit --json` document")
-    p.add_argument("--log", metavar="FILE",
-                   help="the profiled run's Megatron log: its unprofiled step time (median of the "
-                   "iteration lines) is what the what-if estimates start from")
+    reference_args.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print only the recommendations document")
     p.add_argument("--top", type=int, metavar="N", help="show the N best recommendations")
     p.add_argument("--rules", action="append", default=[], metavar="DIR",
@@ -94,8 +97,11 @@ def run(args: argparse.Namespace) -> int:
                       allow_non_equivalent=args.allow_non_equivalent)
     audit = _audit_doc(Path(args.audit)) if args.audit else None
     diagnosis = saved_diagnosis(args.inputs)
+    reference = reference_args.from_args(args)
+    if diagnosis is not None and reference is not None:
+        same_reference(diagnosis, reference, Path(args.inputs[0]))
     if diagnosis is None:
-        analysis = analyze(args.inputs, args.contract, reference_step_s=log_step_s(args.log))
+        analysis = analyze(args.inputs, args.contract, reference_step_s=reference)
         if audit is None:
             doc = analysis.advise(rules, options=options).document
         else:  # the user's saved audit stands in for the one this pass made
@@ -115,19 +121,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def log_step_s(path: str | None) -> float | None:
-    """Median iteration time (s) of a Megatron log, skipping the first iterations (warm-up)."""
-    if not path:
-        return None
-    from moetune.executor.logparse import median_step_s, parse_file
+def same_reference(diagnosis: dict[str, Any], reference: Any, path: Path) -> None:
+    """A saved diagnosis holds what-if estimates replayed from its own reference step and the
+    memory evidence it was made with; other reference inputs cannot be applied to it without the
+    trace. The same ones again are fine; anything else is refused in one line."""
+    from moetune.analysis import apply_reference
 
-    its = parse_file(path).iterations
-    numbers = sorted(its.get_column("iteration").drop_nulls().unique().to_list()) \
-        if its.height else []
-    step = median_step_s(its, first=numbers[len(numbers) // 3]) if numbers else None
-    if step is None:
-        raise UserError("no iteration times in the log", path=path)
-    return step
+    saved = diagnosis.get("reference") or {}
+    again = apply_reference({"memory": {}}, reference)
+    fresh = again.get("reference") or {}
+    same_step = saved.get("file") == fresh.get("file") and saved.get("step_s") == fresh.get("step_s")
+    same_memory = not reference.snapshots and (
+        reference.log_memory is None or reference.log_memory.height == 0
+        or (diagnosis.get("memory") or {}).get("source") != "none")
+    if not (same_step and same_memory):
+        raise UserError("a saved diagnosis carries the reference it was made with (its what-if "
+                        "estimates start from it): --log / --memory-snapshot apply to traces; "
+                        "give the trace, or save the diagnosis with `moetune diagnose TRACE --log "
+                        "FILE --json`", path=path)
 
 
 def _audit_doc(path: Path) -> Any:

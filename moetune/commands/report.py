@@ -1,5 +1,6 @@
-"""`moetune report PATH... [--contract FILE] [--ledger DB] [--baseline PATH] -o report.html`: one
-self-contained HTML page (opens offline) of the diagnosis, audit, advice and tune history."""
+"""`moetune report PATH... [--contract FILE] [--log FILE] [--memory-snapshot FILE] [--ledger DB]
+[--baseline PATH] -o report.html`: one self-contained HTML page (opens offline) of the diagnosis,
+audit, advice and tune history; the reference inputs as `recommend` takes them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 from moetune import scale
+from moetune.commands import reference_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -21,6 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("-o", "--output", required=True, type=Path, metavar="FILE",
                    help="HTML file to write")
     p.add_argument("--contract", metavar="FILE", help="measurement contract (YAML/JSON): audit it")
+    reference_args.add_arguments(p)
     p.add_argument("--ledger", metavar="DB", help="tune ledger (SQLite): show the tune history")
     p.add_argument("--baseline", metavar="PATH", action="append",
                    help="baseline run's trace file or directory (repeatable): compare against it")
@@ -38,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     report.plotly_modules()  # the missing extra is said before minutes of reading
     paths, notes = list(args.paths), []
+    reference = reference_args.from_args(args)
     opts = scale.options_from_args(args)
     cross = None
     if scale.wanted(paths, opts):
@@ -51,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
                  f"{mapped.summaries.meta.height}"]
     data = report.collect(paths, args.contract, ledger=args.ledger, baseline=args.baseline,
                           window=args.window, step_range=args.step_range,
-                          allow_mixed_runs=args.allow_mixed_runs)
+                          allow_mixed_runs=args.allow_mixed_runs, reference=reference)
     if cross and data.analysis is not None and data.analysis.diagnosis is not None:
         data.analysis.diagnosis.update(cross)
     out = report.write(data, args.output)

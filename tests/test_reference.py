@@ -1,0 +1,138 @@
+"""The reference step (executor/logparse.py reference_step, moetune/analysis.py read_reference):
+the steady unprofiled median of a Megatron log's iteration times, without warm-up and without the
+iterations the profiler touched, and which iterations it is the median of. One function, read the
+same way by `recommend`, `report`, `diagnose`, `diff` and the tune loop."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from moetune.analysis import read_reference
+from moetune.executor.logparse import parse_file, parse_text, reference_step, span_text
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "fixtures" / "traces"
+LOGS = ROOT / "fixtures" / "logs"
+MEM = TRACES / "grid_mem_mbs4_seq_rcfull_a2a_eager"
+
+
+def _iteration(i: int, ms: float, total: int = 20) -> str:
+    return (f" [2026-12-04 10:00:{i:02d}.000000] iteration {i:8d}/{total:8d} | consumed samples: "
+            f"{8 * i:12d} | elapsed time per iteration (ms): {ms:.1f} | learning rate: 1.0E-04 | "
+            "global batch size:     8 | lm loss: 1.0E+01 | loss scale: 1.0 | grad norm: 1.0 | "
+            "number of skipped iterations:   0 | number of nan iterations:   0 |")
+
+
+def test_grid_log_profile_span_from_its_argument_dump() -> None:
+    """profile_step_start 10, profile_step_end 12: the profiler's warm-up (9), the recorded
+    iterations (10, 11) and the export (12) are left out, and so are 1–2."""
+    st = reference_step(parse_file(MEM / "train.log"))
+    assert st.profile_steps == (10, 12) and st.profile_source == "argument dump"
+    assert st.iterations == (3, 4, 5, 6, 7, 8) and st.warmup == (1, 2)
+    assert st.profiled == (9, 10, 11, 12)
+    # lower median of 1685.4 1692.3 1649.1 1618.4 1531.3 1523.1
+    assert st.step_s == pytest.approx(1.6184)
+    assert st.describe() == "median of iterations 3–8 (left out: warm-up 1–2, profiled 9–12)"
+
+
+def test_a_short_run_keeps_iteration_two() -> None:
+    """The tune loop's baseline profile (8 iterations, profiled from 4): only 1 and 2 are not
+    touched by the profiler, so 2 is the reference and the text says so."""
+    st = reference_step(parse_file(LOGS / "h200_mcore_no_te_profile.log"))
+    assert st.profile_steps == (4, 8)
+    assert st.iterations == (2,) and st.warmup == (1,) and st.profiled == (3, 4, 5, 6, 7, 8)
+    assert st.step_s == pytest.approx(0.4073)
+
+
+def test_profile_span_from_a_command_line_and_a_slow_export() -> None:
+    """The issue's case: `--profile-step-start 5 --profile-step-end 7` on the command line (no
+    argument dump); iteration 7 pays the trace's export (12.1 s). The reference is the steady
+    median, not pulled up by the profiled ones."""
+    times = {1: 9000.0, 2: 2100.0, 3: 1580.0, 4: 2200.0, 5: 2600.0, 6: 2500.0, 7: 12100.0,
+             8: 1600.0, 9: 1620.0, 10: 1590.0}
+    text = "\n".join(
+        ["torchrun --standalone --nproc-per-node 1 pretrain_gpt.py --num-layers 8 --profile "
+         "--use-pytorch-profiler --profile-step-start 5 --profile-step-end 7 --train-iters 10"]
+        + [_iteration(i, ms, 10) for i, ms in times.items()])
+    parsed = parse_text(text)
+    assert parsed.profile_steps == (5, 7) and parsed.profile_source == "command line"
+    st = reference_step(parsed)
+    assert st.profiled == (4, 5, 6, 7) and st.iterations == (3, 8, 9, 10)
+    assert st.step_s == pytest.approx(1.59)  # lower median of 1580 1600 1620 1590
+    everything = sorted(v for i, v in times.items() if i >= 3)
+    assert st.step_s < everything[(len(everything) - 1) // 2]
+
+
+def test_profile_flag_alone_means_megatrons_default_span() -> None:
+    text = "\n".join(["python pretrain_gpt.py --profile --train-iters 14"]
+                     + [_iteration(i, 100.0 + i, 14) for i in range(1, 15)])
+    st = reference_step(parse_text(text))
+    assert st.profile_steps == (10, 12) and st.profiled == (9, 10, 11, 12)
+    assert st.iterations == (3, 4, 5, 6, 7, 8, 13, 14)
+
+
+def test_a_logging_interval_leaves_out_lines_covering_profiled_iterations() -> None:
+    """`--log-interval 5`: each line is the mean of five iterations; 10 covers 6–10, which holds
+    the profiler's span 8–10 (start 9, end 10), so it goes."""
+    text = "\n".join(["python pretrain_gpt.py --profile --profile-step-start 9 "
+                      "--profile-step-end 10 --log-interval 5"]
+                     + [_iteration(i, 100.0 * i, 20) for i in (5, 10, 15, 20)])
+    st = reference_step(parse_text(text))
+    assert st.profiled == (10,) and st.warmup == (5,) and st.iterations == (15, 20)
+
+
+def test_explicit_span_overrides_and_no_profile_means_none_left_out() -> None:
+    text = "\n".join(_iteration(i, 100.0 + i, 8) for i in range(1, 9))
+    assert reference_step(parse_text(text)).profiled == ()
+    st = reference_step(parse_text(text), profiled=(6, 8))
+    assert st.profile_source == "given" and st.iterations == (3, 4)
+
+
+def test_span_text() -> None:
+    assert span_text((3, 4, 5, 8, 10, 11)) == "3–5, 8, 10–11"
+
+
+def test_recommend_report_and_the_loop_read_the_same_reference(tmp_path: Path) -> None:
+    """One function: `recommend --log`'s JSON, the tune loop's `_unprofiled_step_s` and
+    `read_reference` give the same step and iterations; the terminal names them."""
+    from moetune.executor.loop import _unprofiled_step_s
+
+    ref = read_reference(MEM / "train.log")
+    loop = _unprofiled_step_s(MEM / "train.log", 10)
+    assert loop.step_s == ref.step_s and loop.step.iterations == ref.step.iterations
+    base = [sys.executable, "-m", "moetune", "recommend", str(MEM / "trace.json.gz"),
+            "--log", str(MEM / "train.log")]
+    doc = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True,
+                                    timeout=300, check=True).stdout)
+    assert doc["diagnosis"]["reference"]["step_s"] == pytest.approx(ref.step_s)
+    assert doc["diagnosis"]["reference"]["iterations"] == [3, 4, 5, 6, 7, 8]
+    text = subprocess.run(base, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "median of iterations 3–8 (left out: warm-up 1–2, profiled 9–12) of train.log" in text
+
+
+def test_a_saved_diagnosis_takes_only_its_own_reference(tmp_path: Path) -> None:
+    trace, log = str(MEM / "trace.json.gz"), str(MEM / "train.log")
+    saved = tmp_path / "diagnosis.json"
+    plain = tmp_path / "plain.json"
+    run = [sys.executable, "-m", "moetune"]
+    saved.write_text(subprocess.run(run + ["diagnose", trace, "--log", log, "--json"],
+                                    capture_output=True, text=True, timeout=300,
+                                    check=True).stdout)
+    plain.write_text(subprocess.run(run + ["diagnose", trace, "--json"], capture_output=True,
+                                    text=True, timeout=300, check=True).stdout)
+    from_trace = json.loads(subprocess.run(run + ["recommend", trace, "--log", log, "--json"],
+                                           capture_output=True, text=True, timeout=300,
+                                           check=True).stdout)
+    from_saved = json.loads(subprocess.run(run + ["recommend", str(saved), "--log", log,
+                                                  "--json"], capture_output=True, text=True,
+                                           timeout=300, check=True).stdout)
+    assert from_saved["recommendations"] == from_trace["recommendations"]
+    assert from_saved["diagnosis"] == from_trace["diagnosis"]
+    p = subprocess.run(run + ["recommend", str(plain), "--log", log], capture_output=True,
+                       text=True, timeout=300, check=False)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    assert "a saved diagnosis carries the reference it was made with" in p.stderr
