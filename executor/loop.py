@@ -117,7 +117,10 @@ def candidate_changes(recs: Sequence[Recommendation], tries: Sequence[str],
         changes = [_change(k, v) for k, v in r.changes]
         if changes[0].label in tried:  # already first in line as the user's --try
             continue
-        fits = (r.entry.get("memory") or {}).get("fits")
+        # the engine's memory verdict: a change that does not fit is never ranked; should one
+        # come through (an older document), it goes last; tight keeps its place by value
+        verdict = (r.entry.get("memory") or {}).get("verdict")
+        fits = False if verdict == "does not fit" else (r.entry.get("memory") or {}).get("fits")
         own = _calibrated(r, cal)
         unlocks = r.entry.get("unlocks") or []
         # an enabler is worth its own gain and the best change it unlocks, one after the other

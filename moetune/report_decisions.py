@@ -58,38 +58,10 @@ class DecisionSections:
 
     def advice_section(self, advice: Mapping[str, Any] | None, problem: str | None,
                        diagnosed: bool) -> None:
-        if advice is None:
-            why = problem or ("no diagnosis to advise on" if not diagnosed else "no advice")
-            self.section("advice", "Recommendations", self.missing(f"No recommendations: {esc(why)}."))
-            return
-        recs = advice.get("recommendations") or []
-        body = ""
-        if not recs:
-            body += self.missing(f"No rule fired ({advice.get('rules_checked', '?')} checked).")
-        for r in recs:
-            g = r.get("gain") or {}
-            sp = g.get("speedup") or {}
-            flags = [*(r.get("megatron_flags") or []),
-                     *(f"remove {f}" for f in r.get("remove_flags") or [])]
-            body += (
-                f'<article class="rec"><h3>{esc(r.get("rank"))}. {esc(r.get("title"))}</h3>'
-                f'<p class="meta"><span class="wall w-{esc(r.get("wall"))}">{esc(r.get("wall"))}</span>'
-                f' {esc(r.get("rule"))} · {esc(r.get("status"))} · confidence '
-                f'{esc(r.get("confidence"))}</p>'
-                f'<pre>{esc(chr(10).join(flags) or "(no flag)")}</pre>'
-                f'<p>Predicted gain <b>{pct(sp.get("mid"), True)}</b> (range '
-                f'{pct(sp.get("low"), True)} to {pct(sp.get("high"), True)}). '
-                f'Basis: {esc(g.get("basis"))}</p></article>')
-        blocked = (advice.get("prerequisites") or []) + (advice.get("blocked") or [])
-        if blocked:
-            body += "<details><summary>" + f"{len(blocked)} more, blocked or needing a " \
-                "prerequisite</summary><ul>" + "".join(
-                    f"<li>{esc(b.get('title'))} ({esc(b.get('rule'))}): "
-                    f"{esc('; '.join(b.get('needs') or b.get('reasons') or []))}</li>"
-                    for b in blocked) + "</ul></details>"
-        self.section("advice", "Recommendations", body,
-                     note="Ranked by predicted gain; one knob each. Flags are Megatron-LM spellings "
-                     "(NAME=value: environment).")
+        from moetune.report_advice import advice_body
+
+        body, note = advice_body(advice, problem, diagnosed)
+        self.section("advice", "Recommendations", body, note=note)
 
     def ledger_section(self, data: ReportData) -> None:
         if data.ledger is None and data.ledger_problem is None:

@@ -1,27 +1,54 @@
 """The recommendation engine: evaluate every rule on (diagnosis, contract, audit), drop illegal
-changes, predict the step-time gain, rank, and emit a recommendations document
-(schemas/recommendation.schema.json).
+changes, predict the step-time gain and the memory verdict, rank, and emit a recommendations
+document (schemas/recommendation.schema.json).
 
 A recommendation is always one knob (plus that knob's own sub-settings): the engine asserts it.
-Legality is checked on the configuration after the change against every knob constraint of
-rules/knobs.yaml; a change is illegal when it breaks a constraint that held before.
+Legality (rules/legality.py) is checked on the configuration after the change against every knob
+constraint of rules/knobs.yaml. Every change that costs memory carries the one memory verdict
+(rules/memory_advice.py → analyzer/planner/verdict.py): `does not fit` is never ranked (it is
+listed as considered, with the prediction that ruled it out), `tight` is ranked with a caveat.
+
+A gate (`gate: true`: a change worth nothing alone, such as expandable segments) is judged by what
+it unlocks in the same call: the rules that stay quiet only because the gate is not set are
+evaluated with it set, and the gate is shown with those changes (their gain and memory) and ranked
+by gate-then-change; a gate that unlocks nothing is not recommended.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from moetune.analyzer.contract import MISSING as CONTRACT_MISSING
-from moetune.analyzer.contract import effective_args, field_value, thaw
-from moetune.rules.load import WINDOW, Catalog, Knob, Rule, load_catalog
+from moetune.analyzer.contract import thaw
+from moetune.analyzer.planner.verdict import DOES_NOT_FIT
+from moetune.rules.gain import predict_gain as predict_gain
+from moetune.rules.gain import recoverable_s as recoverable_s
+from moetune.rules.inputs import Inputs, num, resolver
+from moetune.rules.inputs import Inputs as _Inputs  # noqa: F401  (the older name, for callers)
+from moetune.rules.inputs import audit_verdicts as audit_verdicts
+from moetune.rules.inputs import contract_value as contract_value
+from moetune.rules.inputs import facts as facts
+from moetune.rules.inputs import knob_value as knob_value
+from moetune.rules.inputs import lookup as lookup
+from moetune.rules.inputs import megatron_args as megatron_args
+from moetune.rules.inputs import window_s as window_s
+from moetune.rules.legality import assert_single_change as assert_single_change
+from moetune.rules.legality import changed, environment_reasons, equivalence, legality
+from moetune.rules.legality import scaled_target as scaled_target
+from moetune.rules.load import Catalog, Knob, Rule, load_catalog
+from moetune.rules.memory_advice import (
+    best_variant,
+    change_memory,
+    memory_caveats,
+    needs_room_but_unknown,
+)
 
 from moetune import __version__
 from moetune import conditions as expr
 from moetune.conditions import MISSING, UNKNOWN
-from moetune.errors import UserError
-from moetune.knobs import render_bridge, render_flags
+from moetune.knobs import render_bridge as render_bridge
+from moetune.knobs import render_flags as render_flags
 
 SCHEMA_ID = "moetune.recommendations/1"
 _CONFIDENCE = {"high": 1.0, "medium": 0.6, "low": 0.3}
@@ -35,365 +62,94 @@ class Options:
     allow_non_equivalent: bool = False
 
 
-# ----------------------------------------------------------------------------- inputs
+@dataclass
+class _Outcome:
+    """One rule's evaluation: where it goes in the document."""
+
+    kind: str  # quiet | prerequisite | blocked | no_room | fired
+    entry: dict[str, Any]
+    rule: Rule
+    failed: list[expr.Observation] = field(default_factory=list)  # quiet: top-level false ones
 
 
-def audit_verdicts(audit: Any) -> dict[str, str]:
-    """Megatron argument -> confirmed/contradicted/unobservable, from the audit's shapes."""
-    if not audit:
-        return {}
-    if isinstance(audit, Mapping):
-        for key in ("verdicts", "claims", "results"):
-            if key in audit:
-                return audit_verdicts(audit[key])
-        out = {}
-        for arg, v in audit.items():
-            verdict = v.get("verdict", v.get("status")) if isinstance(v, Mapping) else v
-            if isinstance(verdict, str):
-                out[str(arg)] = verdict
-        return out
-    out = {}
-    for item in audit:
-        if not isinstance(item, Mapping):
-            continue
-        arg = next((item[k] for k in ("arg", "megatron_arg", "knob", "claim") if k in item), None)
-        verdict = item.get("verdict", item.get("status"))
-        if isinstance(arg, str) and isinstance(verdict, str):
-            out[arg] = verdict
-    return out
+# ----------------------------------------------------------------------------- one rule
 
 
-def lookup(doc: Any, path: str) -> Any:
-    """Dotted path into nested mappings; MISSING when absent. Keys may contain dots
-    (`evidence.classes.comm.ep.deepep.time_s`): the longest matching key is tried first."""
-    return _lookup(doc, path.split("."))
-
-
-def _lookup(node: Any, parts: list[str]) -> Any:
-    if not parts:
-        return node
-    if isinstance(node, Mapping):
-        for j in range(len(parts), 0, -1):
-            key = ".".join(parts[:j])
-            if key in node:
-                found = _lookup(node[key], parts[j:])
-                if found is not MISSING:
-                    return found
-        return MISSING
-    if isinstance(node, list) and parts[0].isdigit() and int(parts[0]) < len(node):
-        return _lookup(node[int(parts[0])], parts[1:])
-    return MISSING
-
-
-def window_s(diagnosis: Mapping[str, Any]) -> Any:
-    """Seconds of analyzed GPU window: evidence.classes times are totals over it, not per step."""
-    rows = diagnosis.get("per_step") or []
-    total = sum(r.get("wall_s", 0.0) for r in rows if isinstance(r, Mapping))
-    if total > 0:
-        return total
-    t = diagnosis.get("step_time_s")
-    steps = diagnosis.get("steps") or []
-    ranks = diagnosis.get("ranks_analyzed") or [0]
-    return t * len(steps) * len(ranks) if _num(t) and steps else MISSING
-
-
-def facts(contract: Mapping[str, Any], catalog: Catalog) -> dict[str, Any]:
-    """Derived topology/hardware facts; absent inputs stay absent (unknown)."""
-    hw = contract.get("hardware") or {}
-    par = contract.get("parallelism") or {}
-    out: dict[str, Any] = {}
-    model = str(hw.get("gpu_model") or "")
-    if model:
-        out["gpu_arch"] = next(
-            (arch for pat, arch in catalog.gpus if pat.lower() in model.lower()), "unknown"
-        )
-    domain = hw.get("nvlink_domain_size") or hw.get("gpus_per_node")
-    if domain:
-        out["nvlink_domain_size"] = domain
-        out["nvl72"] = domain >= 36
-    if hw.get("gpus_per_node") and hw.get("nodes"):
-        out["world_size"] = hw["gpus_per_node"] * hw["nodes"]
-    ep = par.get("ep")
-    if ep and domain:
-        etp = par.get("etp") or par.get("tp") or 1
-        out["ep_cross_node"] = ep * etp > domain
-    model_sec = contract.get("model")
-    if isinstance(model_sec, Mapping):
-        shared = model_sec.get("moe_shared_expert_intermediate_size")
-        out["has_shared_experts"] = bool(shared)
-    return out
-
-
-def megatron_args(contract: Mapping[str, Any]) -> dict[str, Any]:
-    """`megatron_args` plus the arguments contract sections mirror (analyzer/contract.py)."""
-    return effective_args(contract)
-
-
-def knob_value(
-    knob: Knob,
-    contract: Mapping[str, Any],
-    overrides: Mapping[str, Any] | None = None,
-    args: Mapping[str, Any] | None = None,
-) -> tuple[Any, str]:
-    """A knob's value and where it came from: change, megatron_args/env, contract, default."""
-    if overrides and knob.name in overrides:
-        return overrides[knob.name], "change"
-    if knob.kind == "env":
-        env = contract.get("env") or {}
-        return (env[knob.name], "env") if knob.name in env else (knob.default, "default")
-    args = megatron_args(contract) if args is None else args
-    if knob.name in args:
-        return args[knob.name], "megatron_args"
-    cpath = knob.spec.get("contract_path")
-    if cpath and (v := lookup(contract, cpath)) is not MISSING:
-        return v, cpath
-    return knob.default, "default"
-
-
-@dataclass(frozen=True)
-class _Inputs:
-    diagnosis: Mapping[str, Any]
-    contract: Mapping[str, Any]
-    args: Mapping[str, Any]
-    verdicts: Mapping[str, str]
-    facts: Mapping[str, Any]
-    catalog: Catalog
-
-    def value(self, name: str, overrides: Mapping[str, Any] | None = None) -> Any:
-        return knob_value(self.catalog.knobs[name], self.contract, overrides, self.args)[0]
-
-
-def _resolver(inp: _Inputs, overrides: Mapping[str, Any] | None = None) -> expr.Resolver:
-    def resolve(source: str, path: str) -> Any:
-        if source == "metric":
-            return window_s(inp.diagnosis) if path == WINDOW else lookup(inp.diagnosis, path)
-        if source == "contract":
-            if (value := contract_value(inp.contract, path)) is not MISSING:
-                return value
-            if path.split(".")[0] not in inp.contract:
-                return UNKNOWN  # the contract is silent about this section
-            return lookup(inp.contract, path)
-        if source == "audit":
-            return inp.verdicts.get(path, MISSING)
-        if source == "fact":
-            return inp.facts.get(path, MISSING)
-        if source == "knob":
-            return inp.value(path, overrides)
-        raise AssertionError(source)
-
-    return resolve
-
-
-# ----------------------------------------------------------------------------- legality
-
-
-def contract_value(contract: Mapping[str, Any], path: str) -> Any:
-    """A contract field, or the `megatron_args` value it mirrors (analyzer.contract.field_value);
-    MISSING when the contract has neither."""
-    value = field_value(contract, path)
-    return MISSING if value is CONTRACT_MISSING else value
-
-
-def scaled_target(change: Mapping[str, Any], current: Any, contract: Mapping[str, Any]
-                  ) -> tuple[Any, str | None, str | None]:
-    """(concrete target, why it does not apply, caveat). A `scale` rule multiplies the current
-    value (`to` when that is unknown), bounded by `at_most`: contract path `of` / `per`, which
-    the target must also divide (Megatron asserts GBS % (MBS × DP) == 0)."""
-    if "scale" not in change or not isinstance(current, int) or isinstance(current, bool):
-        return change["to"], None, None
-    target = current * change["scale"]
-    lim = change.get("at_most")
-    if not lim:
-        return target, None, None
-    of = contract_value(contract, lim["of"])
-    per = contract_value(contract, lim["per"]) if lim.get("per") else 1
-    bound = f"{lim['of']} / {lim.get('per', '1')}"
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (of, per)):
-        return target, None, f"unverified: {change['knob']} {target} must divide {bound} (not in the contract)"
-    cap = of // per
-    if target > cap or cap % target:
-        return None, (f"{change['knob']} {current} × {change['scale']} = {target} does not fit "
-                      f"{bound} = {cap}"), None
-    return target, None, None
-
-
-def _changed(rule: Rule) -> dict[str, Any]:
-    change = rule.spec["change"]
-    return {change["knob"]: change["to"], **(change.get("with") or {})}
-
-
-def assert_single_change(rule: Rule, catalog: Catalog) -> None:
-    """Never two knobs at once: the change is one knob plus that knob's own scope."""
-    change = rule.spec["change"]
+def evaluate(rule: Rule, inp: Inputs, options: Options, env_only: frozenset[str],
+             base: Mapping[str, Any] | None = None) -> _Outcome:
+    """Where one rule's change lands. `base`: changes made before it (a gate's), seen by its
+    condition, its legality and its memory verdict."""
+    catalog, contract, diagnosis = inp.catalog, inp.contract, inp.diagnosis
+    assert_single_change(rule, catalog)
+    spec = rule.spec
+    head = {"rule": rule.id, "wall": rule.wall, "title": spec["title"], "status": spec["status"]}
+    verdict, observations = expr.evaluate(rule.when, resolver(inp, base))
+    if verdict is not True:
+        unknown = sorted({o.predicate.describe() for o in observations if o.result is None})
+        reason = "condition not met" if verdict is False else "inputs missing: " + ", ".join(unknown)
+        failed: list[expr.Observation] = []
+        if verdict is False:  # the top-level predicates that failed (not those in an `any`)
+            top = rule.when.children if isinstance(rule.when, expr.Node) else (rule.when,)
+            failed = [o for o in observations
+                      if o.result is False and any(o.predicate is c for c in top)]
+        return _Outcome("quiet", {**head, "quiet": spec["quiet"], "reason": reason}, rule, failed)
+    change = spec["change"]
     knob = catalog.knobs[change["knob"]]
-    extra = set(change.get("with") or {}) - set(knob.scope)
-    if extra:
-        raise AssertionError(f"{rule.id}: change touches {sorted(extra)} besides {knob.name}")
+    current, current_from = knob_value(knob, contract, base, args=inp.args)
+    reasons: list[str] = []
+    if "from" in change and expr._norm(current) != expr._norm(change["from"]):
+        return _Outcome("quiet", {**head, "quiet": spec["quiet"], "reason":
+                                  f"{knob.name} is {current!r}, rule applies from "
+                                  f"{change['from']!r}"}, rule)
+    target, why_not, scale_caveat = scaled_target(change, current, contract)
+    if why_not:
+        return _Outcome("quiet", {**head, "quiet": spec["quiet"], "reason": why_not}, rule)
+    if target != change["to"]:  # every later step sees the concrete change
+        rule = replace(rule, spec={**spec, "change": {**change, "to": target}})
+        change = rule.spec["change"]
+    rule = best_variant(rule, inp, base)
+    change, spec = rule.spec["change"], rule.spec
+    if all(expr._norm(inp.value(n, base)) == expr._norm(v) for n, v in changed(rule).items()):
+        reasons.append(f"{knob.name} is already {change['to']!r}")
+    illegal, caveats = legality(rule, inp, base)
+    if scale_caveat:
+        caveats.append(scale_caveat)
+    if current_from == "default":
+        caveats.append(f"current {knob.name} = {current!r} is the Megatron default: the "
+                       "contract's megatron_args do not state it")
+    reasons += illegal
+    memory = change_memory(rule, inp, base)
+    if reasons and set(reasons) <= env_only:
+        # only the environment stands in the way: say what to install and what it unlocks
+        gain = predict_gain(rule, diagnosis)
+        return _Outcome("prerequisite", {**head, "change": _change_doc(rule, knob, current),
+                                         "needs": reasons, "gain": _round(gain),
+                                         "memory": memory,
+                                         "score": round(gain["speedup"]["mid"], 6)}, rule)
+    equivalent, eq_note = equivalence(rule, catalog)
+    if not equivalent and contract.get("label") == "training-equivalent" \
+            and not options.allow_non_equivalent:
+        reasons.append("contract label training-equivalent forbids a semantics-changing knob "
+                       "(pass --allow-non-equivalent to see it)")
+    if reasons:
+        return _Outcome("blocked", {**head, "change": _change_doc(rule, knob, current),
+                                    "reasons": reasons}, rule)
+    if memory is not None and memory["verdict"] == DOES_NOT_FIT:
+        return _Outcome("no_room", {**head, "change": _change_doc(rule, knob, current),
+                                    "reasons": [f"predicted not to fit in memory: "
+                                                f"{memory['why']} ({memory['basis']})"],
+                                    "gain": _round(predict_gain(rule, diagnosis)),
+                                    "memory": memory}, rule)
+    if (why := needs_room_but_unknown(rule, memory)) is not None:
+        return _Outcome("quiet", {**head, "quiet": spec["quiet"], "reason": why}, rule)
+    rec = _recommendation(rule, knob, current, current_from, catalog, diagnosis, observations,
+                          caveats + memory_caveats(memory, inp, base), equivalent, eq_note,
+                          inp.verdicts)
+    rec["memory"] = memory
+    return _Outcome("fired", rec, rule)
 
 
-def _mentions(cond: expr.Condition, names: set[str]) -> bool:
-    return any(p.source == "knob" and p.path in names for p in expr.predicates(cond))
-
-
-def legality(rule: Rule, inp: _Inputs) -> tuple[list[str], list[str]]:
-    """(reasons the change is illegal, caveats that could not be checked)."""
-    changed = _changed(rule)
-    names = set(changed)
-    before = _resolver(inp)
-    after = _resolver(inp, changed)
-    blocked: list[str] = []
-    caveats: list[str] = []
-    for knob in inp.catalog.knobs.values():
-        for c in knob.requires:
-            touched = knob.name in names or _mentions(c.when, names) or _mentions(c.then, names)
-            if not touched:
-                continue  # untouched constraints cannot change verdict
-            w_after, _ = expr.evaluate(c.when, after)
-            if w_after is not True:
-                continue
-            t_after, obs = expr.evaluate(c.then, after)
-            if t_after is None:
-                unknown = sorted({o.predicate.describe() for o in obs if o.result is None})
-                caveats.append(f"unverified: {c.reason} (missing: {', '.join(unknown)})")
-                continue
-            if t_after:
-                continue
-            w_before, _ = expr.evaluate(c.when, before)
-            t_before, _ = expr.evaluate(c.then, before)
-            if w_before is True and t_before is False:
-                caveats.append(f"already violated before this change: {c.reason}")
-            else:
-                blocked.append(c.reason)
-    return blocked, caveats
-
-
-def _memory_caveat(rule: Rule, inp: _Inputs) -> list[str]:
-    """Expandable segments (about zero cost) before any memory-expensive change (the order of the
-    Megatron-Bridge memory-tuning skill)."""
-    env = "PYTORCH_CUDA_ALLOC_CONF"
-    if not rule.spec.get("memory_cost") or "expandable_segments:True" in str(inp.value(env) or ""):
-        return []
-    flag = render_flags(inp.catalog.knobs[env], "expandable_segments:True")[0][0]
-    return [f"raises memory use: if it runs out of memory, first set {flag} (about zero cost)"]
-
-
-def equivalence(rule: Rule, catalog: Catalog) -> tuple[bool, str]:
-    notes = []
-    equivalent = True
-    for name, value in _changed(rule).items():
-        spec = catalog.knobs[name].spec
-        if not spec["training_equivalent"] and value not in spec.get("equivalent_values", []):
-            equivalent = False
-            notes.append(spec.get("equivalence_note") or f"{name} changes training semantics")
-        elif spec.get("equivalence_note"):
-            notes.append(spec["equivalence_note"])
-    return equivalent, " ".join(notes) or "Training-equivalent: same model, data and numerics."
-
-
-# ----------------------------------------------------------------------------- gain
-
-
-def recoverable_s(spec: Mapping[str, Any], diagnosis: Mapping[str, Any]) -> tuple[float, str] | None:
-    """R (seconds per step) and the path it came from, or None when the diagnosis lacks it."""
-    t = diagnosis.get("step_time_s")
-    if "metric" in spec:
-        v = lookup(diagnosis, spec["metric"])
-        if not _num(v):
-            return None
-        unit = spec.get("unit", "s")
-        if unit == "step_fraction":
-            return v * t, f"{spec['metric']} × step_time_s"
-        if unit == "window_total":
-            w = window_s(diagnosis)
-            return (v / w * t, f"{spec['metric']} ÷ window_s × step_time_s") if _num(w) and w else None
-        return v, spec["metric"]
-    wall = spec["wall"]
-    v = lookup(diagnosis, f"critical_path.recoverable_s.{wall}")
-    if _num(v):
-        return v, f"critical_path.recoverable_s.{wall}"
-    g = lookup(diagnosis, f"critical_path.gain_ceiling.{wall}")
-    if _num(g) and _num(t):
-        return t * g / (1 + g), f"critical_path.gain_ceiling.{wall}"
-    v = lookup(diagnosis, f"wall_detail.{wall}.exposed_s")
-    if _num(v):
-        return v, f"wall_detail.{wall}.exposed_s"
-    return None
-
-
-def _num(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def predict_gain(rule: Rule, diagnosis: Mapping[str, Any]) -> dict[str, Any]:
-    """Speedup range T/T' − 1 and the predicted step time; ceiling T/(T−R) − 1."""
-    spec = rule.spec["expected_gain"]
-    t = float(diagnosis["step_time_s"])
-    est = lookup(diagnosis, f"whatif.transforms.{spec['whatif']}") if "whatif" in spec else None
-    if isinstance(est, Mapping) and _num(lookup(est, "speedup.mid")):
-        sp, st = est["speedup"], est["step_time_s"]
-        return {
-            "speedup": {"low": sp["low"], "high": sp["high"], "mid": sp["mid"]},
-            "step_time_s": {"before": st["before"], "low": st["low"], "high": st["high"]},
-            "ceiling": None, "recoverable_s": None, "recoverable_from": f"whatif.{spec['whatif']}",
-            "basis": f"{est['basis']} (what-if replay, fidelity {lookup(diagnosis, 'whatif.fidelity')})",
-        }
-    if "fixed" in spec:
-        lo, hi = spec["fixed"]
-        return {
-            "speedup": {"low": lo, "high": hi, "mid": (lo + hi) / 2},
-            "step_time_s": {"before": t, "low": t / (1 + hi), "high": t / (1 + lo)},
-            "ceiling": None, "recoverable_s": None, "recoverable_from": None,
-            "basis": spec["basis"],
-        }
-    found = recoverable_s(spec["recoverable"], diagnosis)
-    e_lo, e_hi = spec["efficiency"]
-    if found is None or t <= 0:
-        return {
-            "speedup": {"low": 0.0, "high": 0.0, "mid": 0.0},
-            "step_time_s": {"before": t, "low": t, "high": t},
-            "ceiling": None, "recoverable_s": None, "recoverable_from": None,
-            "basis": spec["basis"] + " (no recoverable time in this diagnosis: gain not quantified)",
-        }
-    r, source = found
-    r = min(max(r, 0.0), 0.99 * t)  # R ≥ T would promise infinite speedup
-    lo, hi = t / (t - e_lo * r) - 1, t / (t - e_hi * r) - 1
-    return {
-        "speedup": {"low": lo, "high": hi, "mid": (lo + hi) / 2},
-        "step_time_s": {"before": t, "low": t - e_hi * r, "high": t - e_lo * r},
-        "ceiling": t / (t - r) - 1,
-        "recoverable_s": r,
-        "recoverable_from": source,
-        "efficiency": [e_lo, e_hi],
-        "basis": spec["basis"],
-    }
-
-
-# ----------------------------------------------------------------------------- rendering
-
-
-def _evidence(observations: Iterable[expr.Observation]) -> list[dict[str, Any]]:
-    out = []
-    for o in observations:
-        p = o.predicate
-        item = {"source": p.source, "path": p.path, "op": p.op, "actual": _jsonable(o.actual),
-                "held": o.result}
-        if p.op not in ("exists", "missing"):
-            item["value"] = p.value
-        if p.of:
-            item["of"] = p.of
-        out.append(item)
-    return out
-
-
-def _jsonable(x: Any) -> Any:
-    if x is MISSING or x is UNKNOWN:
-        return None
-    if isinstance(x, float):
-        return round(x, 6)
-    return x
-
-
-# ----------------------------------------------------------------------------- engine
+# ----------------------------------------------------------------------------- the catalog
 
 
 def recommend(
@@ -409,89 +165,25 @@ def recommend(
     catalog = catalog or load_catalog()
     options = options or Options()
     contract = thaw(contract or {})
-    inp = _Inputs(diagnosis, contract, megatron_args(contract), audit_verdicts(audit),
-                  facts(contract, catalog), catalog)
-    resolve = _resolver(inp)
-    label = contract.get("label")
-    fired: list[dict[str, Any]] = []
-    blocked: list[dict[str, Any]] = []
-    quiet: list[dict[str, Any]] = []
-    prerequisites: list[dict[str, Any]] = []
-    failed: dict[str, list[expr.Observation]] = {}  # quiet rules' false predicates, for none_because
-    fired_rules: list[tuple[Rule, dict[str, Any]]] = []
-    blocked_rules: list[tuple[Rule, dict[str, Any]]] = []
+    inp = Inputs(diagnosis, contract, megatron_args(contract), audit_verdicts(audit),
+                 facts(contract, catalog), catalog)
     env_only = environment_reasons(catalog)
-    for rule in rules.values():
-        assert_single_change(rule, catalog)
-        spec = rule.spec
-        head = {"rule": rule.id, "wall": rule.wall, "title": spec["title"], "status": spec["status"]}
-        verdict, observations = expr.evaluate(rule.when, resolve)
-        if verdict is not True:
-            unknown = sorted({o.predicate.describe() for o in observations if o.result is None})
-            reason = "condition not met" if verdict is False else "inputs missing: " + ", ".join(unknown)
-            quiet.append({**head, "quiet": spec["quiet"], "reason": reason})
-            if verdict is False:  # the top-level predicates that failed (not those in an `any`)
-                top = rule.when.children if isinstance(rule.when, expr.Node) else (rule.when,)
-                failed[rule.id] = [o for o in observations
-                                   if o.result is False and any(o.predicate is c for c in top)]
-            continue
-        change = spec["change"]
-        knob = catalog.knobs[change["knob"]]
-        current, current_from = knob_value(knob, contract, args=inp.args)
-        reasons: list[str] = []
-        if "from" in change and expr._norm(current) != expr._norm(change["from"]):
-            quiet.append({**head, "quiet": spec["quiet"],
-                          "reason": f"{knob.name} is {current!r}, rule applies from {change['from']!r}"})
-            continue
-        target, why_not, scale_caveat = scaled_target(change, current, contract)
-        if why_not:
-            quiet.append({**head, "quiet": spec["quiet"], "reason": why_not})
-            continue
-        if target != change["to"]:  # every later step sees the concrete change
-            rule = replace(rule, spec={**spec, "change": {**change, "to": target}})
-            change = rule.spec["change"]
-        rule = best_variant(rule, diagnosis, contract)
-        change, spec = rule.spec["change"], rule.spec
-        if all(expr._norm(inp.value(n)) == expr._norm(v) for n, v in _changed(rule).items()):
-            reasons.append(f"{knob.name} is already {change['to']!r}")
-        illegal, caveats = legality(rule, inp)
-        caveats += _memory_caveat(rule, inp) + ([scale_caveat] if scale_caveat else [])
-        if current_from == "default":
-            caveats.append(f"current {knob.name} = {current!r} is the Megatron default: the "
-                           "contract's megatron_args do not state it")
-        reasons += illegal
-        equivalent, eq_note = equivalence(rule, catalog)
-        if reasons and set(reasons) <= env_only:
-            # only the environment stands in the way: say what to install and what it unlocks
-            gain = predict_gain(rule, diagnosis)
-            prerequisites.append({**head, "change": _change_doc(rule, knob, current),
-                                  "needs": reasons, "gain": _round(gain),
-                                  "score": round(gain["speedup"]["mid"], 6)})
-            continue
-        if not equivalent and label == "training-equivalent" and not options.allow_non_equivalent:
-            reasons.append("contract label training-equivalent forbids a semantics-changing knob "
-                           "(pass --allow-non-equivalent to see it)")
-        if reasons:
-            blocked.append({**head, "change": _change_doc(rule, knob, current), "reasons": reasons})
-            blocked_rules.append((rule, blocked[-1]))
-            continue
-        rec = _recommendation(rule, knob, current, current_from, catalog, diagnosis,
-                              observations, caveats, equivalent, eq_note, inp.verdicts)
-        rec["memory"] = memory_prediction(rule, diagnosis, contract)
-        if rec["memory"] and rec["memory"]["fits"] is False:
-            rec["caveats"].append(f"predicted not to fit: {rec['memory']['basis']}; peak "
-                                  f"{rec['memory']['peak_gib']} GiB of {rec['memory']['capacity_gib']}")
-        fired.append(rec)
-        fired_rules.append((rule, rec))
-    _link_unlocks(fired_rules, blocked_rules, inp, diagnosis)
-    # changes predicted not to fit go below those that fit (shown, never dropped)
-    fired.sort(key=lambda r: ((r["memory"] or {}).get("fits") is False, -r["score"],
-                              _RISK[r["risk"]["level"]], r["rule"]))
+    out = [evaluate(rule, inp, options, env_only) for rule in rules.values()]
+    fired = [o for o in out if o.kind == "fired"]
+    quiet = [o for o in out if o.kind == "quiet"]
+    _judge_gates(fired, quiet, inp, options, env_only)
+    fired = [o for o in fired if o.kind == "fired"]  # a gate that unlocks nothing left
+    quiet = [o for o in out if o.kind == "quiet"]
+    blocked = [o for o in out if o.kind in ("blocked", "no_room")]
+    _link_unlocks(fired, [o for o in blocked if o.kind == "blocked"], inp)
+    recs = sorted((o.entry for o in fired),
+                  key=lambda r: (-r["score"], _RISK[r["risk"]["level"]], r["rule"]))
     if options.top is not None:
-        fired = fired[: options.top]
-    for i, r in enumerate(fired, 1):
+        recs = recs[: options.top]
+    for i, r in enumerate(recs, 1):
         r["rank"] = i
-    prerequisites.sort(key=lambda r: (-r["score"], r["rule"]))
+    prerequisites = sorted((o.entry for o in out if o.kind == "prerequisite"),
+                           key=lambda r: (-r["score"], r["rule"]))
     doc: dict[str, Any] = {
         "schema": SCHEMA_ID,
         "tool": {"name": "moetune", "version": __version__},
@@ -499,91 +191,92 @@ def recommend(
             "step_time_s": diagnosis.get("step_time_s"),
             "dominant_wall": diagnosis.get("dominant_wall"),
             "walls": diagnosis.get("walls"),
+            "reference": diagnosis.get("reference"),
+            "memory": _memory_summary(diagnosis.get("memory")),
         },
-        "contract_label": label,
+        "contract_label": contract.get("label"),
         "rules_checked": len(rules),
-        "recommendations": fired,
+        "recommendations": recs,
         "prerequisites": prerequisites,
-        "blocked": blocked,
+        "blocked": [o.entry for o in blocked],
         "quiet_count": len(quiet),
     }
-    if not fired:
-        doc["none_because"] = _none_because(diagnosis, quiet, blocked, prerequisites, failed,
-                                            inp.verdicts)
+    if not recs:
+        doc["none_because"] = _none_because(diagnosis, [o.entry for o in quiet],
+                                            doc["blocked"], prerequisites,
+                                            {o.rule.id: o.failed for o in quiet}, inp.verdicts)
     if options.show_quiet:
-        doc["quiet"] = quiet
+        doc["quiet"] = [o.entry for o in quiet]
     return doc
 
 
-def _link_unlocks(fired: list[tuple[Rule, dict[str, Any]]],
-                  blocked: list[tuple[Rule, dict[str, Any]]], inp: _Inputs,
-                  diagnosis: Mapping[str, Any]) -> None:
+def _memory_summary(mem: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The run's measured memory as the verdicts read it, with its source."""
+    if not mem:
+        return None
+    return {k: mem.get(k) for k in ("source", "scope", "peak_allocated_gib", "peak_reserved_gib",
+                                    "device_gib", "fragmentation", "iteration")} | {
+        "files": list(mem.get("files") or [])}
+
+
+def _judge_gates(fired: list[_Outcome], quiet: list[_Outcome], inp: Inputs, options: Options,
+                 env_only: frozenset[str]) -> None:
+    """Each fired gate is re-judged by the quiet rules its change lets fire (evaluated with it
+    set): they go under its `unlocks` with their gain, flags and memory verdict, and the gate's
+    score becomes gate-then-best-change; a gate that unlocks nothing ranked turns quiet."""
+    for g in fired:
+        if not g.rule.spec.get("gate"):
+            continue
+        base = changed(g.rule)
+        unlocked = []
+        for q in quiet:
+            again = evaluate(q.rule, inp, options, env_only, base)
+            if again.kind == "fired":
+                r = again.entry
+                unlocked.append({"rule": r["rule"], "change": r["change"], "gain": r["gain"],
+                                 "memory": r["memory"], "megatron_flags": r["megatron_flags"],
+                                 "remove_flags": r["remove_flags"], "caveats": r["caveats"],
+                                 "score": r["score"]})
+            elif again.kind == "no_room":
+                g.entry.setdefault("considered", []).append(
+                    {"rule": again.entry["rule"], "change": again.entry["change"],
+                     "reasons": again.entry["reasons"], "memory": again.entry["memory"]})
+        if not unlocked:
+            g.kind = "quiet"
+            g.entry = {"rule": g.rule.id, "wall": g.rule.wall, "title": g.rule.spec["title"],
+                       "status": g.rule.spec["status"], "quiet": g.rule.spec["quiet"],
+                       "reason": "a gate (no gain alone) and no change it unlocks applies here"}
+            quiet.append(g)
+            continue
+        unlocked.sort(key=lambda u: -u["score"])
+        g.entry["gate"] = True
+        g.entry["unlocks"] = [{k: v for k, v in u.items() if k != "score"} for u in unlocked]
+        own = g.entry["score"]
+        g.entry["score"] = round((1 + own) * (1 + unlocked[0]["score"]) - 1, 6)
+
+
+def _link_unlocks(fired: list[_Outcome], blocked: list[_Outcome], inp: Inputs) -> None:
     """A recommended change that lifts every constraint blocking another rule's change (e.g.
     recompute off, which local CUDA graphs require) names it under `unlocks`, with the gain the
-    unlocked change is predicted to bring; the blocked entry names it under `unlocked_by`. The
-    loop then values the enabler for what it makes possible, not only for its own gain."""
-    for b_rule, b_entry in blocked:
-        for f_rule, f_rec in fired:
-            both = {**_changed(f_rule), **(b_rule.spec["change"].get("with") or {})}
-            combined = replace(b_rule, spec={**b_rule.spec, "change": {
-                **b_rule.spec["change"], "with": both}})
+    unlocked change is predicted to bring and its memory verdict after both; the blocked entry
+    names it under `unlocked_by`. The loop then values the enabler for what it makes possible,
+    not only for its own gain."""
+    for b in blocked:
+        for f in fired:
+            both = {**changed(f.rule), **(b.rule.spec["change"].get("with") or {})}
+            combined = replace(b.rule, spec={**b.rule.spec, "change": {
+                **b.rule.spec["change"], "with": both}})
             reasons, _ = legality(combined, inp)
             if reasons:
                 continue
-            gain = _round(predict_gain(b_rule, diagnosis))
-            f_rec.setdefault("unlocks", []).append(
-                {"rule": b_rule.id, "change": b_entry["change"], "gain": gain})
-            b_entry.setdefault("unlocked_by", []).append(f_rule.id)
+            gain = _round(predict_gain(b.rule, inp.diagnosis))
+            f.entry.setdefault("unlocks", []).append(
+                {"rule": b.rule.id, "change": b.entry["change"], "gain": gain,
+                 "memory": change_memory(b.rule, inp, changed(f.rule))})
+            b.entry.setdefault("unlocked_by", []).append(f.rule.id)
 
 
-def best_variant(rule: Rule, diagnosis: Mapping[str, Any], contract: Mapping[str, Any]) -> Rule:
-    """A rule whose gain names several what-if transforms (e.g. micro-batch ×2, ×4, ×8) becomes
-    the variant of the best replayed gain among those predicted to fit in memory, its change's
-    target the one that transform modelled. The first (smallest) step is always a candidate; a
-    larger one only when the memory model prices it as fitting (unknown is not a licence to
-    jump). Without estimates, the first transform names the fallback."""
-    gain = rule.spec["expected_gain"]
-    ids = gain.get("whatif")
-    if not isinstance(ids, list):
-        return rule
-    variants = []
-    for i, tid in enumerate(ids):
-        est = lookup(diagnosis, f"whatif.transforms.{tid}")
-        if not isinstance(est, Mapping) or not _num(lookup(est, "speedup.mid")) \
-                or est.get("to") is None:
-            continue
-        v = replace(rule, spec={**rule.spec, "change": {**rule.spec["change"], "to": est["to"]},
-                                "expected_gain": {**gain, "whatif": tid}})
-        mem = memory_prediction(v, diagnosis, contract)
-        fits = (mem or {}).get("fits") is not False if i == 0 else bool(mem and mem["fits"])
-        variants.append((fits, est["speedup"]["mid"] if fits else -i, v))
-    if not variants:
-        return replace(rule, spec={**rule.spec, "expected_gain": {**gain, "whatif": ids[0]}})
-    return max(variants, key=lambda x: (x[0], x[1]))[2]
-
-
-def memory_prediction(rule: Rule, diagnosis: Mapping[str, Any], contract: Mapping[str, Any]
-                      ) -> dict[str, Any] | None:
-    """The change's predicted peak memory (analyzer/planner/predict.py: the measured peak plus the
-    memory model's delta for the change), or None when the contract does not describe the model
-    well enough to price it."""
-    if not rule.spec.get("memory_cost"):
-        return None
-    from moetune.analyzer.planner.predict import measured_from_diagnosis, predict_peak
-
-    measured, device = measured_from_diagnosis(diagnosis)
-    try:
-        pred = predict_peak(contract, _changed(rule), measured_peak_bytes=measured,
-                            gpu_memory_bytes=device)
-    except (UserError, KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None  # the model section is missing or partial: the peak is unknown, not zero
-    gib = 1024 ** 3
-    return {
-        "peak_gib": round(pred.peak_bytes / gib, 2),
-        "capacity_gib": round(pred.capacity_bytes / gib, 2) if pred.capacity_bytes else None,
-        "fits": pred.fits,
-        "basis": pred.basis,
-    }
+# ----------------------------------------------------------------------------- why nothing
 
 
 def _none_because(diagnosis: Mapping[str, Any], quiet: list[dict[str, Any]],
@@ -595,7 +288,7 @@ def _none_because(diagnosis: Mapping[str, Any], quiet: list[dict[str, Any]],
     contradicts (the rules read the contract's settings, which the trace then disproves)."""
     wall = diagnosis.get("dominant_wall")
     share = lookup(diagnosis, f"walls.{wall}") if wall else None
-    head = f"the step is {share:.0%} {wall}" if _num(share) else "no dominant wall is known"
+    head = f"the step is {share:.0%} {wall}" if num(share) else "no dominant wall is known"
     false_claims = sorted(a for a, v in (verdicts or {}).items() if v == "contradicted")
     if false_claims:
         head += (f"; the audit contradicts the contract's {', '.join(false_claims)}: fix the claim "
@@ -604,7 +297,7 @@ def _none_because(diagnosis: Mapping[str, Any], quiet: list[dict[str, Any]],
     if prerequisites:
         return f"{head}; every change that applies needs the environment changed first (prerequisites)"
     if blocked:
-        return f"{head}; the changes that apply are blocked (see blocked)"
+        return f"{head}; the changes that apply are blocked or predicted not to fit (see blocked)"
     mine = [q for q in quiet if q["wall"] == wall]
     reasons = [f"{q['rule']}: {_quiet_fact((failed or {}).get(q['rule'], []), q['reason'])}"
                for q in mine][:4]
@@ -625,17 +318,7 @@ def _quiet_fact(observations: list[expr.Observation], reason: str) -> str:
     return reason
 
 
-def environment_reasons(catalog: Catalog) -> frozenset[str]:
-    """Constraint reasons that only the environment can satisfy: every predicate of the
-    constraint's `then` reads a `versions.*` field of the contract (a package to install)."""
-    out = set()
-    for knob in catalog.knobs.values():
-        for c in knob.requires:
-            preds = expr.predicates(c.then)
-            if preds and all(p.source == "contract" and p.path.startswith("versions.")
-                             for p in preds):
-                out.add(c.reason)
-    return frozenset(out)
+# ----------------------------------------------------------------------------- the document
 
 
 def _change_doc(rule: Rule, knob: Knob, current: Any) -> dict[str, Any]:
@@ -663,7 +346,7 @@ def _recommendation(
     flags: list[str] = []
     remove: list[str] = []
     bridge: list[str] = []
-    for name, value in _changed(rule).items():
+    for name, value in changed(rule).items():
         k = catalog.knobs[name]
         f, r = render_flags(k, value)
         flags += f
@@ -702,6 +385,28 @@ def _recommendation(
         "why": spec["why"],
         "sources": list(spec["sources"]),
     }
+
+
+def _evidence(observations: Iterable[expr.Observation]) -> list[dict[str, Any]]:
+    out = []
+    for o in observations:
+        p = o.predicate
+        item = {"source": p.source, "path": p.path, "op": p.op, "actual": _jsonable(o.actual),
+                "held": o.result}
+        if p.op not in ("exists", "missing"):
+            item["value"] = p.value
+        if p.of:
+            item["of"] = p.of
+        out.append(item)
+    return out
+
+
+def _jsonable(x: Any) -> Any:
+    if x is MISSING or x is UNKNOWN:
+        return None
+    if isinstance(x, float):
+        return round(x, 6)
+    return x
 
 
 def _round(x: Any) -> Any:

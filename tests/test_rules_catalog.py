@@ -163,9 +163,15 @@ def test_verify_names_an_audited_argument() -> None:
         assert v.get("audit") or v.get("signature"), rule.id
 
 
-def test_memory_expensive_changes_carry_expandable_caveat() -> None:
-    r = next(r for r in result("eager_launch_bound")["recommendations"] if r["rule"] == "host.cuda-graphs")
-    assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in c for c in r["caveats"])
+def test_memory_expensive_changes_carry_their_verdict_and_expandable_first_when_tight() -> None:
+    """Every memory-costly change carries the memory verdict; one that fits asks nothing, a tight
+    one says so and names expandable segments first (they are off in this run)."""
+    recs = {r["rule"]: r for r in result("eager_launch_bound")["recommendations"]}
+    graphs, mbs = recs["host.cuda-graphs"], recs["host.larger-micro-batch"]
+    assert graphs["memory"]["verdict"] == "fits" and not any("memory" in c for c in graphs["caveats"])
+    assert mbs["memory"]["verdict"] == "tight"
+    assert any(c.startswith("memory tight: predicted reserved") and
+               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in c for c in mbs["caveats"])
 
 
 def test_environment_blocked_change_is_a_prerequisite_with_its_gain() -> None:

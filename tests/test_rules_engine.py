@@ -147,6 +147,8 @@ def test_micro_batch_doubles_while_it_divides_the_batch_per_dp_rank() -> None:
     s = load("eager_launch_bound")
     s["contract"].setdefault("shape", {})["global_batch_size"] = 16
     s["contract"].setdefault("parallelism", {})["dp"] = 2
+    # the scale bound alone: a model the memory model cannot price (verdict unknown, still ranked)
+    s["contract"]["model"] = {"name": "Qwen3-30B-A3B", "num_layers": 48}
 
     def run(mbs: int) -> dict:
         s["contract"]["megatron_args"]["micro_batch_size"] = mbs

@@ -45,6 +45,8 @@ class PlannerConfig:
     cuda_context_bytes: float
     fragmentation_expandable: float
     fragmentation_default: float
+    verdict_margin: float  # verdict.py: `fits` leaves this fraction of the GPU free
+    model_error: float  # the model alone: ± this fraction of its allocated peak
     vocab_divisible_by: int
     moe_imbalance_natural: float
     # bytes per element
@@ -178,6 +180,8 @@ def _typed(doc: Mapping[str, Any], source: str) -> PlannerConfig:
         cuda_context_bytes=float(v("memory", "cuda_context_gib")) * GIB,
         fragmentation_expandable=float(v("memory", "fragmentation_expandable_segments")),
         fragmentation_default=float(v("memory", "fragmentation_default_allocator")),
+        verdict_margin=float(v("memory", "verdict_margin")),
+        model_error=float(v("memory", "model_error")),
         vocab_divisible_by=int(v("memory", "make_vocab_size_divisible_by")),
         moe_imbalance_natural=float(v("memory", "moe_imbalance_natural")),
         param_bytes=tuple((k, int(e["value"])) for k, e in sorted(bpe["param"].items())),

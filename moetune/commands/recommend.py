@@ -151,6 +151,21 @@ def _audit_doc(path: Path) -> Any:
 # ----------------------------------------------------------------------------- text
 
 
+def memory_line(mem: dict[str, Any] | None) -> str | None:
+    """The run's measured memory as the verdicts read it, with its source."""
+    from moetune.analyzer.device_memory import SOURCE_WORDS
+
+    if not mem or mem.get("source") in (None, "none"):
+        return None
+    a, r, dev = mem.get("peak_allocated_gib"), mem.get("peak_reserved_gib"), mem.get("device_gib")
+    files = f" {', '.join(mem['files'])}" if mem.get("files") else ""
+    at = f", after iteration {mem['iteration']}" if mem.get("iteration") else ""
+    return ("memory now: peak allocated " + (f"{a:.1f} GiB" if a is not None else "unknown")
+            + ", reserved " + (f"{r:.1f} GiB" if r is not None else "unknown")
+            + (f" of {dev:.1f} GiB" if dev else "")
+            + f" (source: {SOURCE_WORDS.get(mem['source'], mem['source'])}{files}{at})")
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:+.1f} %"
 
@@ -174,13 +189,21 @@ def _evidence_line(ev: list[dict[str, Any]]) -> str:
 def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
     """Ruff-like text: id, title, evidence, fix (flags), gain, verify, notes. `contract`: the
     contract file given, so a contract without a label reads as such, not as no contract."""
+    from moetune.analyzer.planner.verdict import describe
+
     d = doc["diagnosis"]
     recs = doc["recommendations"]
     label = doc["contract_label"] or (f"{Path(contract).name} (unlabelled)" if contract else "none")
     lines = [
-        f"moetune recommend · step {_secs(d['step_time_s'] or 0)} · dominant {d['dominant_wall']}"
-        f" · contract {label}"
+        f"moetune recommend · step {_secs(d['step_time_s'] or 0)} profiled · dominant "
+        f"{d['dominant_wall']} · contract {label}"
     ]
+    ref = d.get("reference") or {}
+    if ref.get("step_s"):
+        lines.append(f"reference: {_secs(ref['step_s'])} unprofiled, {ref['text']}: the "
+                     "estimates start from it")
+    if (m := memory_line(d.get("memory"))) is not None:
+        lines.append(m)
     for r in recs:
         g = r["gain"]
         flags = " ".join(r["megatron_flags"]) or "(defaults)"
@@ -196,15 +219,26 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
             lines.append(f"bridge: {' '.join(r['bridge_overrides'])}")
         st = g["step_time_s"]
         ceiling = f" · ceiling {_pct(g['ceiling'])}" if g["ceiling"] is not None else ""
+        alone = " alone (a gate: worth what it unlocks, below)" if r.get("gate") else ""
         lines.append(
-            f"gain: {_pct(g['speedup']['low'])} … {_pct(g['speedup']['high'])} "
+            f"gain: {_pct(g['speedup']['low'])} … {_pct(g['speedup']['high'])}{alone} "
             f"(step {_secs(st['before'])} → {_secs(st['low'])}–{_secs(st['high'])}){ceiling}"
             f" · confidence {r['confidence']} · risk {r['risk']['level']}"
         )
+        if (mem := describe(r.get("memory"))) is not None:
+            lines.append(f"memory: {mem[0]}")
+            lines.append(f"  basis: {mem[1]}")
         for u in r.get("unlocks") or []:
             usp, uch = u["gain"]["speedup"], u["change"]
             lines.append(f"unlocks: {u['rule']} ({uch['knob']} → {uch['to']}), predicted "
                          f"{_pct(usp['low'])} … {_pct(usp['high'])} on top")
+            if u.get("megatron_flags"):
+                lines.append(f"  help: {' '.join(u['megatron_flags'])}")
+            if (um := describe(u.get("memory"))) is not None:
+                lines.append(f"  memory: {um[0]}")
+        for c in r.get("considered") or []:
+            lines.append(f"considered, not unlocked: {c['rule']} ({c['change']['knob']} → "
+                         f"{c['change']['to']}): {'; '.join(c['reasons'])}")
         v = r["verify"]
         audit = f"audit {v['audit']} confirmed; " if v.get("audit") else ""
         lines.append(f"verify: {audit}{v['metric']} {v['direction']}"
@@ -221,8 +255,13 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
                       f"unlocks {_pct(sp['low'])} … {_pct(sp['high'])}"]
         lines += [f"  - needs: {n}" for n in p["needs"]]
     for b in doc["blocked"]:
-        lines += ["", f"blocked {b['rule']}: {b['title']}"]
+        head = "considered, does not fit" if (b.get("memory") or {}).get("verdict") == \
+            "does not fit" else "blocked"
+        lines += ["", f"{head} {b['rule']}: {b['title']}"]
         lines += [f"  - {reason}" for reason in b["reasons"]]
+        if b.get("gain"):
+            bsp = b["gain"]["speedup"]
+            lines.append(f"  - it would have gained {_pct(bsp['low'])} … {_pct(bsp['high'])}")
         if b.get("unlocked_by"):
             lines.append(f"  - unlocked by: {', '.join(b['unlocked_by'])}")
     for q in doc.get("quiet", []):

@@ -1,0 +1,94 @@
+"""The memory side of a rule's change: the one verdict (analyzer/planner/verdict.py) of every change
+that costs memory (`memory_cost: true`), and the step of a knob with several what-if steps (micro-
+batch ×2, ×4, ×8) chosen by it.
+
+A change whose verdict is `does not fit` is never ranked (the engine lists it as considered, with
+the prediction that ruled it out); `tight` is ranked with a caveat; `unknown` too, unless the rule
+exists to use room the run has (`memory_needs_room: true`, recompute or offload off), which then
+stays quiet: without evidence of room it has no case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from moetune.analyzer.planner.verdict import DOES_NOT_FIT, FITS, TIGHT, UNKNOWN, judge
+from moetune.rules.inputs import Inputs, lookup, num
+from moetune.rules.legality import changed
+from moetune.rules.load import Rule
+
+from moetune.knobs import render_flags
+
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def change_memory(rule: Rule, inp: Inputs, base: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any] | None:
+    """The verdict document of the rule's change (with `base`: changes made before it, such as a
+    gate's), or None when the rule's change costs no memory."""
+    if not rule.spec.get("memory_cost"):
+        return None
+    changes = {**(base or {}), **changed(rule)}
+    return judge(inp.contract, changes, inp.diagnosis.get("memory")).document()
+
+
+def memory_caveats(memory: Mapping[str, Any] | None, inp: Inputs,
+                   base: Mapping[str, Any] | None = None) -> list[str]:
+    """What a ranked change's verdict asks of the user: nothing when it fits; for `tight` and
+    `unknown`, the prediction and expandable segments first when they are off (about zero cost,
+    the Megatron-Bridge memory-tuning order)."""
+    if not memory or memory["verdict"] == FITS:
+        return []
+    on = "expandable_segments:True"
+    first = ""
+    if on not in str(inp.value(ALLOC_CONF, base) or ""):
+        flag = render_flags(inp.catalog.knobs[ALLOC_CONF], on)[0][0]
+        first = f"; if it runs out of memory, first set {flag} (about zero cost)"
+    if memory["verdict"] == TIGHT:
+        return [f"memory tight: {memory['why']}{first}"]
+    return [f"memory not predicted: {memory['why']}{first}"]
+
+
+def needs_room_but_unknown(rule: Rule, memory: Mapping[str, Any] | None) -> str | None:
+    """Why a rule that exists to use the run's free memory stays quiet: no verdict shows room.
+    Room is shown by `fits`, or by `tight` on a measured peak; the model alone (±its error) must
+    say `fits`."""
+    if not rule.spec.get("memory_needs_room") or memory is None:
+        return None
+    ask = ("give the run's log with --log, a memory snapshot, or profile with "
+           "profile_memory=True")
+    if memory["verdict"] == UNKNOWN:
+        return (f"memory unknown ({memory['why']}): no evidence that the run has room for what "
+                f"this change keeps ({ask})")
+    if memory["verdict"] == TIGHT and memory["evidence"] == "model":
+        return (f"no measured peak, and the model alone leaves no clear room ({memory['why']}; "
+                f"{ask})")
+    return None
+
+
+def best_variant(rule: Rule, inp: Inputs, base: Mapping[str, Any] | None = None) -> Rule:
+    """A rule whose gain names several what-if transforms (e.g. micro-batch ×2, ×4, ×8) becomes
+    the variant of the best replayed gain among those whose memory verdict is `fits`, its change's
+    target the one that transform modelled. The first (smallest) step is always a candidate
+    unless it does not fit; a larger one only when it fits (tight or unknown is not a licence to
+    jump). Without estimates, the first transform names the fallback."""
+    gain = rule.spec["expected_gain"]
+    ids = gain.get("whatif")
+    if not isinstance(ids, list):
+        return rule
+    variants = []
+    for i, tid in enumerate(ids):
+        est = lookup(inp.diagnosis, f"whatif.transforms.{tid}")
+        if not isinstance(est, Mapping) or not num(lookup(est, "speedup.mid")) \
+                or est.get("to") is None:
+            continue
+        v = replace(rule, spec={**rule.spec, "change": {**rule.spec["change"], "to": est["to"]},
+                                "expected_gain": {**gain, "whatif": tid}})
+        verdict = (change_memory(v, inp, base) or {}).get("verdict", UNKNOWN)
+        ok = verdict != DOES_NOT_FIT if i == 0 else verdict == FITS
+        variants.append((ok, est["speedup"]["mid"] if ok else -i, v))
+    if not variants:
+        return replace(rule, spec={**rule.spec, "expected_gain": {**gain, "whatif": ids[0]}})
+    return max(variants, key=lambda x: (x[0], x[1]))[2]
