@@ -17,15 +17,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from moetune.analysis import analyze, read_reference
 from moetune.analyzer.memory_evidence import (
     log_section,
     read_snapshot,
     snapshot_rank,
     snapshot_summary,
 )
-from moetune.errors import UserError
 from moetune.executor.logparse import parse_file, parse_text
+
+from moetune.analysis import analyze, read_reference
+from moetune.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "fixtures" / "traces"
@@ -195,7 +196,7 @@ def test_cli_refuses_a_crafted_snapshot_with_exit_2(tmp_path: Path) -> None:
 def test_cli_diagnose_log_terminal_and_json_agree(bare_trace: Path) -> None:
     args = [sys.executable, "-m", "moetune", "diagnose", str(bare_trace), "--log",
             str(MEM / "train.log")]
-    doc = json.loads(subprocess.run(args + ["--json"], capture_output=True, text=True,
+    doc = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True,
                                     timeout=300, check=True).stdout)
     text = subprocess.run(args, capture_output=True, text=True, timeout=300, check=True).stdout
     mem = doc["memory"]

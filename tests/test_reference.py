@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from moetune.analysis import read_reference
 from moetune.executor.logparse import parse_file, parse_text, reference_step, span_text
+
+from moetune.analysis import read_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "fixtures" / "traces"
@@ -106,7 +107,7 @@ def test_recommend_report_and_the_loop_read_the_same_reference(tmp_path: Path) -
     assert loop.step_s == ref.step_s and loop.step.iterations == ref.step.iterations
     base = [sys.executable, "-m", "moetune", "recommend", str(MEM / "trace.json.gz"),
             "--log", str(MEM / "train.log")]
-    doc = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True,
+    doc = json.loads(subprocess.run([*base, "--json"], capture_output=True, text=True,
                                     timeout=300, check=True).stdout)
     assert doc["diagnosis"]["reference"]["step_s"] == pytest.approx(ref.step_s)
     assert doc["diagnosis"]["reference"]["iterations"] == [3, 4, 5, 6, 7, 8]
@@ -119,20 +120,19 @@ def test_a_saved_diagnosis_takes_only_its_own_reference(tmp_path: Path) -> None:
     saved = tmp_path / "diagnosis.json"
     plain = tmp_path / "plain.json"
     run = [sys.executable, "-m", "moetune"]
-    saved.write_text(subprocess.run(run + ["diagnose", trace, "--log", log, "--json"],
+    saved.write_text(subprocess.run([*run, "diagnose", trace, "--log", log, "--json"],
                                     capture_output=True, text=True, timeout=300,
                                     check=True).stdout)
-    plain.write_text(subprocess.run(run + ["diagnose", trace, "--json"], capture_output=True,
+    plain.write_text(subprocess.run([*run, "diagnose", trace, "--json"], capture_output=True,
                                     text=True, timeout=300, check=True).stdout)
-    from_trace = json.loads(subprocess.run(run + ["recommend", trace, "--log", log, "--json"],
+    from_trace = json.loads(subprocess.run([*run, "recommend", trace, "--log", log, "--json"],
                                            capture_output=True, text=True, timeout=300,
                                            check=True).stdout)
-    from_saved = json.loads(subprocess.run(run + ["recommend", str(saved), "--log", log,
-                                                  "--json"], capture_output=True, text=True,
+    from_saved = json.loads(subprocess.run([*run, "recommend", str(saved), "--log", log, "--json"], capture_output=True, text=True,
                                            timeout=300, check=True).stdout)
     assert from_saved["recommendations"] == from_trace["recommendations"]
     assert from_saved["diagnosis"] == from_trace["diagnosis"]
-    p = subprocess.run(run + ["recommend", str(plain), "--log", log], capture_output=True,
+    p = subprocess.run([*run, "recommend", str(plain), "--log", log], capture_output=True,
                        text=True, timeout=300, check=False)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
     assert "a saved diagnosis carries the reference it was made with" in p.stderr
