@@ -4,6 +4,7 @@ each recommendation with what the grid measured for that change.
 
     python bench/grid_advice.py                 # table on stdout
     python bench/grid_advice.py --json out.json # and the rows as JSON
+    python bench/grid_advice.py --calibrate     # rewrite rules/gain_ranges.yaml from the pairs
 
 A recommendation is judged where the grid holds the point it leads to: measured gain = step(start)
 / step(point) − 1 with the grid's step times (median of steady iterations, unprofiled), inside the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ GRID = ROOT / "bench" / "grid" / "grid_h200.json"
 REPEATS = ROOT / "bench" / "grid" / "repeats"
 TRACES = ROOT / "fixtures" / "traces"
 RESAMPLES = 2000
+RANGES = ROOT / "rules" / "gain_ranges.yaml"
+NOISE = 0.03  # ln-gain a measured median moves by whatever the gain (the mem shape's runs: ≤ 7 %)
 
 
 def grid_knobs(change: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any] | None:
@@ -63,9 +67,14 @@ def judge(rec: dict[str, Any], start_ms: float, points: dict[str, dict[str, Any]
           knobs: dict[str, Any]) -> dict[str, Any]:
     to = grid_knobs(rec["change"], knobs)
     sp = rec["gain"]["speedup"]
+    replay = rec["gain"].get("replay") or sp
     row = {"rule": rec["rule"], "change": f"{rec['change']['knob']}={rec['change']['to']}",
-           "predicted": [sp["low"], sp["mid"], sp["high"]], "measured": None, "point": None,
-           "fits": (rec.get("memory") or {}).get("fits")}
+           "predicted": [sp["low"], sp["mid"], sp["high"]],
+           "replay": [replay["low"], sp["mid"], replay["high"]],
+           "replayed": str(rec["gain"].get("recoverable_from") or "").startswith("whatif."),
+           "measured": None, "point": None,
+           "fits": (rec.get("memory") or {}).get("fits"),
+           "memory_verdict": (rec.get("memory") or {}).get("verdict")}
     if to is None:
         return row
     hit = next((p for p in points.values() if p["knobs"] == to), None)
@@ -170,22 +179,13 @@ def paired_by_call(rows: list[dict[str, Any]],
     return {"judged": judged, "in_range": in_range, "within_25": within}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--no-reference", dest="reference", action="store_false",
-                    help="predict from the profiled step, not the run's unprofiled step time")
-    args = ap.parse_args(argv)
+def advise_grid(grid: dict[str, Any], *, reference: bool, quiet: bool = False
+                ) -> list[dict[str, Any]]:
+    """From every profiled point, the advice and each recommendation judged against the grid."""
     from moetune.analyzer.megatron_args import contract_from_log
 
     from moetune.analysis import analyze
 
-    grid = json.loads(GRID.read_text())
-    try:  # the repeat calls are read first: a bad one stops the script before the analysis
-        runs = call_runs(grid)
-    except ValueError as exc:
-        print(f"grid_advice.py: {exc}", file=sys.stderr)
-        return 2
     rows = []
     for shape, s in grid["shapes"].items():
         points = {p["id"]: p for p in s["points"]}
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             contract = contract_from_log((folder / "train.log").read_text())
             contract.setdefault("versions", {}).setdefault("grouped_gemm", "torch._grouped_mm")
             advice = analyze(folder / "trace.json.gz", contract,
-                             reference_step_s=p["step_ms"] / 1e3 if args.reference else None
+                             reference_step_s=p["step_ms"] / 1e3 if reference else None
                              ).advise()
             recs = advice.document["recommendations"]
             judged = [judge(r, p["step_ms"], points, p["knobs"]) for r in recs]
@@ -205,11 +205,97 @@ def main(argv: list[str] | None = None) -> int:
                          "best": p["step_ms"] == best, "recommendations": judged,
                          "prerequisites": [x["rule"] for x in advice.document["prerequisites"]]})
             top = judged[0] if judged else None
+            if quiet:
+                continue
             print(f"{shape:4} {pid:30} {p['step_ms']:8.1f} ms  top: "
                   + (f"{top['change']:28} pred {top['predicted'][0]:+.0%}…{top['predicted'][2]:+.0%}"
                      f" (mid {top['predicted'][1]:+.0%}) measured "
                      + (f"{top['measured']:+.0%}" if top["measured"] is not None else "n/a")
                      if top else "nothing"), flush=True)
+    return rows
+
+
+def z_of(r: dict[str, Any], noise: float = NOISE) -> float:
+    """How far a measured gain fell from the replay's midpoint, in units of ln(1 + mid), beyond
+    the noise floor (schemas/gain_ranges.schema.json)."""
+    g = float(np.log1p(r["predicted"][1]))
+    d = float(np.log1p(r["measured"])) - g
+    d = float(np.sign(d)) * max(0.0, abs(d) - noise)
+    return d / g
+
+
+def calibrated(r: dict[str, Any], z_low: float, z_high: float, noise: float = NOISE
+               ) -> tuple[float, float]:
+    """The replay's range widened as rules/gain.py `calibrate` widens it (fidelity aside)."""
+    g = float(np.log1p(r["predicted"][1]))
+    return (min(r["replay"][0], float(np.expm1(g * (1 + z_low) - noise))),
+            max(r["replay"][2], float(np.expm1(g * (1 + z_high) + noise))))
+
+
+def calibration(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """z range over the replayed recommendations the grid measured, and the held-out coverage:
+    each one judged by the range calibrated on all the others."""
+    pairs = [r for row in rows for r in row["recommendations"]
+             if r["measured"] is not None and r["replayed"] and r["predicted"][1] > 0]
+    zs = [z_of(r) for r in pairs]
+    held = 0
+    for i, r in enumerate(pairs):
+        rest = zs[:i] + zs[i + 1:]
+        lo, hi = calibrated(r, min(rest), max(rest))
+        held += lo <= r["measured"] <= hi
+    # rounded outward: the extremes stay inside
+    return {"z_low": math.floor(min(min(zs), 0.0) * 1000) / 1000,
+            "z_high": math.ceil(max(max(zs), 0.0) * 1000) / 1000,
+            "noise": NOISE, "pairs": len(pairs), "held_out_coverage": f"{held} of {len(pairs)}"}
+
+
+def write_ranges(with_ref: dict[str, Any], profiled: dict[str, Any]) -> None:
+    import datetime
+
+    day = datetime.date.today().isoformat()
+    lines = [
+        "# The what-if replay's error on measured A/B pairs (schemas/gain_ranges.schema.json):",
+        "# rules/gain.py widens every replayed range to cover it. Written by",
+        "# `python bench/grid_advice.py --calibrate`; docs/advisor.md states the coverage.",
+        "schema: moetune.gain_ranges/1",
+        f'source: "bench/grid/grid_h200.json: every replayed recommendation whose change the grid '
+        f'measured, from each profiled point (H200, {day}); with_reference: the estimates start '
+        f'from the point\'s unprofiled step; profiled_only: from its profiled step"',
+        "fidelity_tolerance: 0.07",
+        "whatif:",
+    ]
+    for key, c in (("with_reference", with_ref), ("profiled_only", profiled)):
+        lines.append(f"  {key}: {{z_low: {c['z_low']}, z_high: {c['z_high']}, noise: "
+                     f"{c['noise']}, pairs: {c['pairs']}, held_out_coverage: "
+                     f"\"{c['held_out_coverage']}\"}}")
+    RANGES.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-reference", dest="reference", action="store_false",
+                    help="predict from the profiled step, not the run's unprofiled step time")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="judge both ways (with and without the reference step) and rewrite "
+                    "rules/gain_ranges.yaml from the measured pairs")
+    args = ap.parse_args(argv)
+    if args.calibrate:
+        cals = {}
+        for ref in (True, False):
+            rows = advise_grid(json.loads(GRID.read_text()), reference=ref, quiet=True)
+            cals[ref] = calibration(rows)
+            print(f"{'with' if ref else 'without'} the reference step: {cals[ref]}")
+        write_ranges(cals[True], cals[False])
+        print(f"wrote {RANGES.relative_to(ROOT)}")
+        return 0
+    grid = json.loads(GRID.read_text())
+    try:  # the repeat calls are read first: a bad one stops the script before the analysis
+        runs = call_runs(grid)
+    except ValueError as exc:
+        print(f"grid_advice.py: {exc}", file=sys.stderr)
+        return 2
+    rows = advise_grid(grid, reference=args.reference)
     judged = [r for row in rows for r in row["recommendations"] if r["measured"] is not None]
     tops = [row["recommendations"][0] for row in rows
             if row["recommendations"] and not row["best"]]
@@ -225,6 +311,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"top recommendations judged: {len(judged_tops)}; in predicted range "
           f"{sum(t['in_range'] for t in judged_tops)}, within ±25 % of the midpoint "
           f"{sum(t['within_25'] for t in judged_tops)}")
+    replayed = [r for r in judged if r["replayed"]]
+    bare = sum(r["replay"][0] <= r["measured"] <= r["replay"][2] for r in replayed)
+    cal = calibration(rows)
+    print(f"replayed and judged: {len(replayed)}; inside the replay's own range {bare}, inside "
+          f"the calibrated range {sum(r['in_range'] for r in replayed)} (in sample), "
+          f"{cal['held_out_coverage']} held out (each judged by the calibration of the others)")
+    verdicts: dict[str, int] = {}
+    for row in rows:
+        for r in row["recommendations"]:
+            if r.get("memory_verdict"):
+                verdicts[r["memory_verdict"]] = verdicts.get(r["memory_verdict"], 0) + 1
+    print("memory verdicts of the recommendations: " + ", ".join(
+        f"{v} {n}" for v, n in sorted(verdicts.items())))
     boot = resampled(rows, grid)
     print(f"over {boot['resamples']} resamples of each point's runs: in predicted range "
           "{1} (5-95 %: {0}-{2})".format(*boot["in_range_5_50_95"])

@@ -1,14 +1,26 @@
 """The predicted step-time gain of a rule's change: the what-if replay's estimate when the
 diagnosis holds one (`whatif.transforms.<id>`), else the rule's fixed range, else its recoverable
-time R × its efficiency range (speedup T/(T−R) − 1, ceiling T/(T−R) − 1 at full efficiency)."""
+time R × its efficiency range (speedup T/(T−R) − 1, ceiling T/(T−R) − 1 at full efficiency).
+
+A replayed range is made an honest interval (`calibrate`): the replay's own range, widened to what
+measured A/B pairs showed of its error (rules/gain_ranges.yaml, written by `bench/grid_advice.py
+--calibrate` from the H200 grid): ln(1 + measured) fell within (1 + z) × ln(1 + mid) ± a noise
+floor of the replay's midpoint. Where the evidence is weaker it is wider: from the profiled step
+alone (no unprofiled reference step) the profiled-only calibration applies, and a replay whose
+untouched step misses the measured one by more than the tolerance widens by that miss. The
+midpoint (and so the ranking) is the replay's. A rule's stated range (no replay) is not calibrated
+on measured pairs and says so.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
 from moetune.rules.inputs import lookup, num, window_s
-from moetune.rules.load import Rule
+from moetune.rules.load import Rule, schema
 
 
 def reference_step_s(diagnosis: Mapping[str, Any]) -> float:
@@ -52,12 +64,12 @@ def predict_gain(rule: Rule, diagnosis: Mapping[str, Any]) -> dict[str, Any]:
     est = lookup(diagnosis, f"whatif.transforms.{spec['whatif']}") if "whatif" in spec else None
     if isinstance(est, Mapping) and num(lookup(est, "speedup.mid")):
         sp, st = est["speedup"], est["step_time_s"]
-        return {
+        return calibrate({
             "speedup": {"low": sp["low"], "high": sp["high"], "mid": sp["mid"]},
             "step_time_s": {"before": st["before"], "low": st["low"], "high": st["high"]},
             "ceiling": None, "recoverable_s": None, "recoverable_from": f"whatif.{spec['whatif']}",
             "basis": f"{est['basis']} (what-if replay, fidelity {lookup(diagnosis, 'whatif.fidelity')})",
-        }
+        }, diagnosis)
     if "fixed" in spec:
         lo, hi = spec["fixed"]
         return {
@@ -87,3 +99,52 @@ def predict_gain(rule: Rule, diagnosis: Mapping[str, Any]) -> dict[str, Any]:
         "efficiency": [e_lo, e_hi],
         "basis": spec["basis"],
     }
+
+
+@cache
+def ranges() -> dict[str, Any]:
+    """rules/gain_ranges.yaml, validated (schemas/gain_ranges.schema.json)."""
+    import jsonschema
+
+    from moetune.resources import data
+    from moetune.yamlio import read_yaml
+
+    path = data("moetune.rules") / "gain_ranges.yaml"
+    doc, _ = read_yaml(path)
+    jsonschema.validate(doc, schema("gain_ranges"))
+    return doc
+
+
+def calibrate(gain: dict[str, Any], diagnosis: Mapping[str, Any]) -> dict[str, Any]:
+    """The replayed range widened to the calibrated interval (module docstring); the replay's own
+    range stays under `replay`, the calibration used under `calibration`."""
+    sp = gain["speedup"]
+    mid = sp["mid"]
+    if not num(mid) or mid <= -1:
+        return gain
+    ref = (diagnosis.get("reference") or {}).get("step_s")
+    whatif = diagnosis.get("whatif") or {}
+    have_ref = num(ref) or num(whatif.get("reference_step_s"))
+    doc = ranges()
+    kind = "with_reference" if have_ref else "profiled_only"
+    cal = doc["whatif"][kind]
+    fidelity = whatif.get("fidelity")
+    miss = abs(math.log(fidelity)) if num(fidelity) and fidelity > 0 else 0.0
+    extra = max(0.0, miss - doc["fidelity_tolerance"])
+    g = math.log1p(mid)
+    lo = min(sp["low"], math.expm1(g * (1 + cal["z_low"]) - cal["noise"] - extra))
+    hi = max(sp["high"], math.expm1(g * (1 + cal["z_high"]) + cal["noise"] + extra))
+    before = gain["step_time_s"]["before"]
+    words = ("from an unprofiled reference step" if have_ref
+             else "from the profiled step alone (no --log: wider)")
+    out = dict(gain)
+    out["replay"] = {"low": sp["low"], "high": sp["high"]}
+    out["speedup"] = {"low": lo, "high": hi, "mid": mid}
+    out["step_time_s"] = {"before": before, "low": before / (1 + hi), "high": before / (1 + lo)}
+    out["calibration"] = {"kind": kind, "z": [cal["z_low"], cal["z_high"]],
+                          "noise": cal["noise"], "fidelity_widening": round(extra, 4),
+                          "pairs": cal["pairs"], "held_out_coverage": cal["held_out_coverage"]}
+    out["basis"] = (f"{gain['basis']}; range calibrated on {cal['pairs']} measured H200 pairs "
+                    f"{words} ({cal['held_out_coverage']} held out inside)"
+                    + (f", widened by a replay fidelity miss of {extra:.0%}" if extra else ""))
+    return out
