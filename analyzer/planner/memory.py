@@ -1,4 +1,6 @@
-"""Per-GPU memory model of Megatron-Core MoE GPT training (pure arithmetic, bytes).
+"""Per-GPU memory model of Megatron-Core MoE GPT training (pure arithmetic, bytes). The model's
+dimensions and parameter counts are in model.py, the unfused attention's bytes per score in
+attention.py; this module is the layout, the activations and the estimate.
 
 Sources, cited where each term is computed:
 - [TMU] Megatron-LM `megatron/training/theoretical_memory_usage.py` (parameter counts incl. MLA and
@@ -32,228 +34,46 @@ history); full recompute by `recompute_method`/`recompute_num_layers` (`_full_re
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Literal
 
+from moetune.analyzer.planner.attention import (
+    DROPOUT_MASK_BYTES as DROPOUT_MASK_BYTES,
+)
+from moetune.analyzer.planner.attention import (
+    UNFUSED_SCORE_BUFFER,
+    peak_per_score,
+    saved_per_score,
+)
+from moetune.analyzer.planner.attention import (
+    UNFUSED_SCORE_PEAK as UNFUSED_SCORE_PEAK,
+)
 from moetune.analyzer.planner.config import GIB, PlannerConfig, builtin
-
-from moetune.errors import UserError
+from moetune.analyzer.planner.model import (
+    LayerParams as LayerParams,
+)
+from moetune.analyzer.planner.model import (
+    ModelSpec,
+    layer_params,
+    padded_vocab,
+)
+from moetune.analyzer.planner.model import (
+    attention_params as attention_params,
+)
+from moetune.analyzer.planner.model import (
+    model_spec as model_spec,
+)
+from moetune.analyzer.planner.model import (
+    parse_moe_layer_freq as parse_moe_layer_freq,
+)
+from moetune.analyzer.planner.model import (
+    total_params as total_params,
+)
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                      "shared_experts")
-
-
-# --------------------------------------------------------------------------------------------
-# model
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ModelSpec:
-    """Dimensions of an MoE GPT, Megatron argument names; `moe_pattern[i]` is 1 for an MoE layer."""
-
-    name: str | None
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    kv_channels: int
-    num_experts: int  # 0 for a dense model
-    moe_router_topk: int
-    moe_ffn_hidden_size: int
-    moe_shared_expert_intermediate_size: int
-    moe_pattern: tuple[int, ...]
-    vocab_size: int
-    mtp_num_layers: int
-    multi_latent_attention: bool
-    q_lora_rank: int | None
-    kv_lora_rank: int
-    qk_head_dim: int
-    qk_pos_emb_head_dim: int
-    v_head_dim: int
-    swiglu: bool
-    untie_embeddings_and_output_weights: bool
-    norm_params: int  # per normalized element: 1 RMSNorm, 2 LayerNorm
-    qk_layernorm: bool
-
-
-def parse_moe_layer_freq(value: Any, num_layers: int, *, path: str | None = None) -> tuple[int, ...]:
-    """Megatron `--moe-layer-freq`: int N (layer i is MoE when i % N == 0), a 0/1 list, or a
-    pattern string such as "([0]*3+[1]*58)" (parsed, never evaluated)."""
-    if isinstance(value, bool):
-        raise UserError(f"model.moe_layer_freq: expected int, list or pattern, got {value}", path=path)
-    if isinstance(value, int):
-        if value < 1:
-            raise UserError(f"model.moe_layer_freq must be ≥ 1, got {value}", path=path)
-        return tuple(1 if i % value == 0 else 0 for i in range(num_layers))
-    if isinstance(value, str):
-        pattern = _parse_pattern(value.replace(" ", ""), path=path)
-    elif isinstance(value, Sequence):
-        pattern = [int(v) for v in value]
-    else:
-        raise UserError(f"model.moe_layer_freq: cannot read {value!r}", path=path)
-    if len(pattern) != num_layers or any(v not in (0, 1) for v in pattern):
-        raise UserError(
-            f"model.moe_layer_freq: pattern has {len(pattern)} entries of 0/1 expected "
-            f"{num_layers} (num_layers)", path=path)
-    return tuple(pattern)
-
-
-_TERM = re.compile(r"^\[([01](?:,[01])*)\](?:\*(\d+))?$")
-
-
-def _parse_pattern(text: str, *, path: str | None) -> list[int]:
-    """Grammar: expr := term ('+' term)*; term := '[' 0/1 list ']' ('*' int)? | '(' expr ')' ('*' int)?"""
-    def expr(s: str) -> list[int]:
-        out: list[int] = []
-        depth, start = 0, 0
-        for i, ch in enumerate(s + "+"):
-            depth += (ch == "(") - (ch == ")")
-            if ch == "+" and depth == 0:
-                out += term(s[start:i])
-                start = i + 1
-        return out
-
-    def term(s: str) -> list[int]:
-        m = re.match(r"^\((.*)\)(?:\*(\d+))?$", s)
-        if m:
-            return expr(m.group(1)) * int(m.group(2) or 1)
-        m = _TERM.match(s)
-        if not m:
-            raise UserError(f"model.moe_layer_freq: cannot parse pattern {text!r}", path=path)
-        return [int(v) for v in m.group(1).split(",")] * int(m.group(2) or 1)
-
-    return expr(text)
-
-
-def model_spec(section: Mapping[str, Any], *, path: str | None = None) -> ModelSpec:
-    """Typed model from a contract's `model` section; missing dimensions → one UserError naming all."""
-    m = dict(section or {})
-    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads") if m.get(k) is None]
-    if m.get("vocab_size") is None and m.get("padded_vocab_size") is None:
-        missing.append("vocab_size")
-    if "num_experts" not in m:
-        missing.append("num_experts")
-    experts = int(m.get("num_experts") or 0)
-    if experts:
-        if m.get("moe_router_topk") is None:
-            missing.append("moe_router_topk")
-        if m.get("moe_ffn_hidden_size") is None and m.get("ffn_hidden_size") is None:
-            missing.append("moe_ffn_hidden_size")
-    mla = bool(m.get("multi_latent_attention"))
-    if mla:
-        missing += [k for k in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
-                    if m.get(k) is None]
-    if missing:
-        raise UserError(f"model section lacks {', '.join('model.' + k for k in missing)} "
-                        "(needed by the memory model)", path=path)
-    layers = int(m["num_layers"])
-    pattern = (parse_moe_layer_freq(m.get("moe_layer_freq", 1), layers, path=path) if experts
-               else (0,) * layers)
-    if sum(pattern) < layers and m.get("ffn_hidden_size") is None:
-        raise UserError("model section lacks model.ffn_hidden_size (dense layers need it)", path=path)
-    h, heads = int(m["hidden_size"]), int(m["num_attention_heads"])
-    kv_channels = int(m.get("kv_channels") or h // heads)
-    groups = int(m.get("num_query_groups") or heads)
-    ffn = int(m.get("ffn_hidden_size") or 0)
-    vocab = int(m.get("vocab_size") or m.get("padded_vocab_size"))
-    norm = str(m.get("normalization") or "RMSNorm")
-    return ModelSpec(
-        name=m.get("name"),
-        num_layers=layers,
-        hidden_size=h,
-        ffn_hidden_size=ffn,
-        num_attention_heads=heads,
-        num_query_groups=groups,
-        kv_channels=kv_channels,
-        num_experts=experts,
-        moe_router_topk=int(m.get("moe_router_topk") or 0),
-        moe_ffn_hidden_size=int(m.get("moe_ffn_hidden_size") or ffn),
-        moe_shared_expert_intermediate_size=int(m.get("moe_shared_expert_intermediate_size") or 0),
-        moe_pattern=pattern,
-        vocab_size=vocab,
-        mtp_num_layers=int(m.get("mtp_num_layers") or 0),
-        multi_latent_attention=mla,
-        q_lora_rank=m.get("q_lora_rank"),
-        kv_lora_rank=int(m.get("kv_lora_rank") or 0),
-        qk_head_dim=int(m.get("qk_head_dim") or 0),
-        qk_pos_emb_head_dim=int(m.get("qk_pos_emb_head_dim") or 0),
-        v_head_dim=int(m.get("v_head_dim") or 0),
-        swiglu=bool(m.get("swiglu", True)),
-        untie_embeddings_and_output_weights=bool(m.get("untie_embeddings_and_output_weights", True)),
-        norm_params=1 if norm.lower() == "rmsnorm" else 2,
-        qk_layernorm=bool(m.get("qk_layernorm", False)),
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# parameters [TMU]
-
-
-@dataclass(frozen=True, slots=True)
-class LayerParams:
-    """Parameters of one transformer layer: TP-sharded dense, TP-replicated, and expert weights."""
-
-    dense: float  # sharded by TP (attention, dense MLP, shared expert)
-    replicated: float  # norms, router: full copy on every TP rank
-    expert: float  # sharded by ETP·EP
-
-
-def attention_params(m: ModelSpec) -> tuple[float, float]:
-    """(TP-sharded, replicated) attention parameters of one layer [TMU self_attn_term]."""
-    h, n = m.hidden_size, m.num_attention_heads
-    if m.multi_latent_attention:
-        qk, rope, v = m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim
-        if m.q_lora_rank:
-            q = m.q_lora_rank * (h + n * (qk + rope))
-            q_norm = m.q_lora_rank * m.norm_params
-        else:
-            q, q_norm = h * n * (qk + rope), 0
-        kv = m.kv_lora_rank * (h + n * (qk + v)) + h * rope
-        o = n * v * h
-        return float(q + kv + o), float(q_norm + m.kv_lora_rank * m.norm_params)
-    qd = n * m.kv_channels
-    kvd = m.num_query_groups * m.kv_channels
-    qk_norm = 2 * m.kv_channels * m.norm_params if m.qk_layernorm else 0
-    return float(h * (qd + 2 * kvd) + qd * h), float(qk_norm)
-
-
-@lru_cache(maxsize=64)
-def layer_params(m: ModelSpec, is_moe: bool) -> LayerParams:
-    h = m.hidden_size
-    gate = 3 if m.swiglu else 2  # SwiGLU FC1 is 2·F wide
-    attn, attn_rep = attention_params(m)
-    norms = 2 * h * m.norm_params
-    if not is_moe:
-        return LayerParams(attn + gate * h * m.ffn_hidden_size, attn_rep + norms, 0.0)
-    shared = gate * h * m.moe_shared_expert_intermediate_size
-    router = h * m.num_experts
-    expert = m.num_experts * gate * h * m.moe_ffn_hidden_size
-    return LayerParams(attn + shared, attn_rep + norms + router, float(expert))
-
-
-def padded_vocab(m: ModelSpec, tp: int, *, cfg: PlannerConfig | None = None) -> int:
-    mult = (cfg or builtin()).vocab_divisible_by * tp
-    return int(math.ceil(m.vocab_size / mult) * mult)
-
-
-def total_params(m: ModelSpec, *, cfg: PlannerConfig | None = None) -> dict[str, float]:
-    """Whole-model parameter count by kind (TP=1 padding), for reports and sanity tests."""
-    dense = rep = expert = 0.0
-    mtp_moe = m.moe_pattern[-1]
-    for is_moe in (*m.moe_pattern, *([mtp_moe] * m.mtp_num_layers)):
-        p = layer_params(m, bool(is_moe))
-        dense, rep, expert = dense + p.dense, rep + p.replicated, expert + p.expert
-    v = padded_vocab(m, 1, cfg=cfg) * m.hidden_size
-    emb = v * (2 if m.untie_embeddings_and_output_weights else 1)
-    mtp_extra = m.mtp_num_layers * (2 * m.hidden_size * m.hidden_size)
-    total = dense + rep + expert + emb + mtp_extra
-    active = total - expert + (expert * m.moe_router_topk / m.num_experts if m.num_experts else 0)
-    return {"total": total, "expert": expert, "dense": total - expert, "active": active}
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,6 +154,8 @@ class Workload:
     ep_overlap: bool = False  # one extra warmup micro-batch [SCHED]
     fused_attention: bool = True  # False: local/unfused attention keeps the s×s scores
     attention_dropout: float = 0.0  # unfused attention also keeps a dropout mask when > 0
+    softmax_fp32: bool = True  # unfused attention's softmax dtype (attention.py): megatron-core's
+    #   default; Megatron-LM runs it in bf16 unless --attention-softmax-in-fp32
     # unfused attention's persistent bf16 score buffer (UNFUSED_SCORE_BUFFER) counts in the peak:
     # True for a training run (predict.py, fit); False where it is held before the measured window
     # (fixtures/planner/measured.json ran its configs in one process: its baseline holds the
@@ -359,25 +181,6 @@ def layer_activation_per_token(m: ModelSpec, lay: Layout, w: Workload, opts: Fit
     return _layer_activations(m, lay, w, opts, is_moe, cfg or builtin())[0]
 
 
-# Unfused core attention (megatron-core 0.19 `transformer/dot_product_attention.py` with the torch
-# softmax of `fusions/fused_softmax.py` `forward_torch_softmax`, which runs whenever
-# `masked_softmax_fusion` is off or apex's kernels are absent), bytes per attention score
-# (b·a/TP·s² scores per layer). Dtype sizes and tensor lifetimes, not tunable assumptions, so they
-# live here rather than in planner.yaml; the saved part (fp32 softmax 4 + bf16 probabilities 2)
-# is planner.yaml's `unfused_attention_per_score` [KOR Table 2 counts 5 = 2 + 1 + 2: a 16-bit
-# softmax with a dropout mask].
-UNFUSED_SCORE_PEAK = 16  # alive while one layer's softmax backward runs (PyTorch autograd:
-#   the V-bmm backward has freed the bf16 probabilities): the saved fp32 softmax (4), the fp32
-#   score gradient cast from bf16 (4), `_softmax_backward_data`'s fp32 output (4) and an fp32
-#   temporary of the same size (4). The forward holds less: bf16 raw scores `matmul_result` (2) +
-#   their fp32 copy `input.float()` (4) + softmax (4) + bf16 probabilities (2) = 12. Seen in the
-#   allocator history of an H200 run (docs/planner.md, "Memory as given"): 60 B per score at the
-#   peak of 8 layers = 8 · 6 saved + 10 + the buffer's 2
-UNFUSED_SCORE_BUFFER = 2  # `parallel_state.get_global_memory_buffer().get_tensor(..., "mpu")`:
-#   the bf16 b·a/TP·s² input of `torch.baddbmm` (beta 0), allocated at the first forward and kept
-DROPOUT_MASK_BYTES = 1  # torch `native_dropout` saves a bool mask when attention_dropout > 0 (the
-#   dropped bf16 probabilities replace the undropped ones: +1 per score, [KOR]'s a·s²·b)
-
 # Fine-grained activation offloading (megatron-core 0.19 `transformer_config.py`
 # `offload_modules`): the input each module saves goes to the CPU after its forward and comes back
 # before its backward; `_layer_activations` takes each module's input out of the part it is in.
@@ -386,10 +189,9 @@ OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_nor
 
 
 def unfused_attention_saved_per_score(w: Workload, cfg: PlannerConfig) -> float:
-    """Bytes per score one layer's unfused attention keeps for backward (0 when fused)."""
-    if w.fused_attention:
-        return 0.0
-    return cfg.unfused_attention_per_score + (DROPOUT_MASK_BYTES if w.attention_dropout > 0 else 0)
+    """Bytes per score one layer's unfused attention keeps for backward (0 when fused):
+    attention.py, by the softmax's dtype and dropout."""
+    return saved_per_score(w, cfg)
 
 
 def _layer_activations(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, is_moe: bool,
@@ -541,9 +343,9 @@ def _per_kind(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions,
     out = {}
     attn_extra = 0.0
     if not w.fused_attention:
-        # one layer's softmax backward: UNFUSED_SCORE_PEAK less what that layer saved (freed by
-        # then or counted as saved); with `core_attn` or full recompute the saved part is rebuilt
-        attn_extra = ((UNFUSED_SCORE_PEAK - unfused_attention_saved_per_score(w, cfg))
+        # one layer's softmax backward: its peak (attention.py) less what that layer saved (freed
+        # by then or counted as saved); with `core_attn` or full recompute the saved part is rebuilt
+        attn_extra = (max(0.0, peak_per_score(w) - unfused_attention_saved_per_score(w, cfg))
                       * m.num_attention_heads * w.seq_length / (lay.tp * lay.cp))
     for is_moe in (False, True):
         p = layer_params(m, is_moe)

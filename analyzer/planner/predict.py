@@ -217,7 +217,8 @@ def workload_from_contract(doc: Mapping[str, Any], cfg: PlannerConfig | None = N
     else:
         imbalance = 1.0 if routing.get("force_balancing") else c.moe_imbalance_natural
     fused, _ = attention_path(doc)
-    dropout = effective_args(doc).get("attention_dropout")
+    args = effective_args(doc)
+    dropout = args.get("attention_dropout")
     return Workload(
         seq_length=int(seq),
         micro_batch_size=int(_get(doc, "shape.micro_batch_size", "micro_batch_size") or 1),
@@ -232,8 +233,18 @@ def workload_from_contract(doc: Mapping[str, Any], cfg: PlannerConfig | None = N
         # Megatron-LM's default is 0.1 and its argument dump prints it; a contract without it
         # (the workloads here run 0) is priced without the mask
         attention_dropout=float(dropout or 0.0),
+        softmax_fp32=softmax_in_fp32(args),
         score_buffer=True,
     )
+
+
+def softmax_in_fp32(args: Mapping[str, Any]) -> bool:
+    """The unfused attention's softmax dtype (attention.py): bf16 only where the run says
+    `attention_softmax_in_fp32` False (a Megatron-LM argument dump without the flag) and not
+    `apply_query_key_layer_scaling` (which forces fp32); megatron-core's own default otherwise."""
+    if args.get("apply_query_key_layer_scaling"):
+        return True
+    return args.get("attention_softmax_in_fp32") is not False
 
 
 def world_size(doc: Mapping[str, Any]) -> int:
@@ -298,6 +309,7 @@ class Estimate:
     options: FitOptions
     attention: str  # which attention was priced, and why
     notes: tuple[str, ...]  # what was assumed or left out
+    moments_bytes: float = 0.0  # the optimizer's moments: built at its first step (lazily)
 
     @property
     def allocated_gib(self) -> float:
@@ -328,8 +340,17 @@ def config_peak(contract_doc: Mapping[str, Any], *, changes: Mapping[str, Any] |
         notes.append("pipeline_model_parallel_layout priced as the planner's split of the layers")
     est = estimate_memory(model, lay, work, opts, cfg=c)
     allocated = sum(v for k, v in est.breakdown.items() if k != "overhead")
+    # the optimizer term holds fp32 main params (built with the optimizer) and Adam's moments,
+    # which torch's Adam (Megatron's fallback without TE and Apex) and the fused Adams build at the
+    # first step: a peak read before it (Megatron's line after iteration 1) lacks them
+    master = c.master_param_bytes if work.param_bytes < c.param_bytes_for("fp32") else 0
+    mv = c.adam_moment_bytes_precision_aware if opts.precision_aware_optimizer \
+        else c.adam_moment_bytes
+    moments = est.breakdown.get("optimizer", 0.0) * mv / (master + mv) if master + mv else 0.0
+    if not fused:
+        why += f", softmax in {'fp32' if work.softmax_fp32 else 'bf16'}"
     return Estimate(allocated, est.peak_bytes, est.rank, dict(est.breakdown), lay, work, opts,
-                    why, tuple(notes))
+                    why, tuple(notes), moments)
 
 
 # --------------------------------------------------------------------------------------------

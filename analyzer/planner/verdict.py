@@ -112,6 +112,15 @@ def judge(contract: Mapping[str, Any], changes: Mapping[str, Any],
         return unknown(f"the memory model cannot price it: {why}",
                        evidence=source if source != "none" else "model", cfg=c)
     delta = pred.delta_bytes / GIB
+    lazy = ""
+    if alloc_m is not None and source == "log" and (mem.get("iteration") or 2) <= 1:
+        # Megatron's line after iteration 1 can predate the optimizer's moments (built at its
+        # first step, after that iteration's forward and backward): the anchor takes them on
+        moments = pred.current.moments_bytes / GIB
+        alloc_m = alloc_m + moments
+        pred = predict_peak(contract, model_changes, measured_peak_bytes=alloc_m * GIB,
+                            gpu_memory_bytes=None, cfg=c)
+        lazy = f" (after iteration 1 only: + {moments:.1f} GiB of optimizer moments)"
     expandable_on = _turns_on_expandable(contract, changes)
     ctx = c.cuda_context_bytes / GIB
     dynamic = pred.changed.dynamic_bytes / GIB
@@ -121,7 +130,7 @@ def judge(contract: Mapping[str, Any], changes: Mapping[str, Any],
         a_lo = a_hi = alloc
         evidence = source
         basis = (f"measured peak allocated {alloc_m:.1f} GiB ({EVIDENCE_WORDS.get(source, source)})"
-                 f" + model delta {delta:+.1f} GiB for " + pred.basis.split(" for ", 1)[-1])
+                 f"{lazy} + model delta {delta:+.1f} GiB for " + pred.basis.split(" for ", 1)[-1])
     elif res_m is not None:  # the driver's reserved only: anchor the reserved peak instead
         alloc = None
         a_lo = a_hi = None
@@ -142,9 +151,10 @@ def judge(contract: Mapping[str, Any], changes: Mapping[str, Any],
                            "describe the run well enough to price a change", cfg=c)
     frag: float | None = None
     if a_lo is not None and a_hi is not None:
-        if res_m is not None and alloc_m and not expandable_on:
-            frag = res_m / alloc_m
-            lo, hi = a_lo + max(0.0, res_m - alloc_m), a_hi * frag
+        read = mem.get("peak_allocated_gib")  # the slack is the allocator's, as measured
+        if res_m is not None and read and not expandable_on:
+            frag = res_m / read
+            lo, hi = a_lo + max(0.0, res_m - read), a_hi * frag
         else:
             lo, hi = a_lo, a_hi + frag_default * dynamic
     else:  # reserved-anchored
