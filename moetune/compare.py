@@ -177,7 +177,11 @@ def _audit(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[dic
 
 def _memory(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     ma, mb = a.get("memory") or {}, b.get("memory") or {}
-    return {k: _pair(ma.get(k), mb.get(k), 4) for k in ("peak_allocated_gib", "peak_reserved_gib")}
+    out: dict[str, Any] = {k: _pair(ma.get(k), mb.get(k), 4)
+                           for k in ("peak_allocated_gib", "peak_reserved_gib")}
+    # each side's figures say where they came from (allocator events, a log, a snapshot)
+    out["source"] = {"a": ma.get("source"), "b": mb.get("source")}
+    return out
 
 
 def _set_change(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:

@@ -255,11 +255,15 @@ def render_diff(doc: dict[str, Any], console: Console | None = None) -> None:
             f"{role.replace('_', ' ')} {_delta_ms(p)}" for role, p in groups.items()), markup=False)
     mem = doc["memory"]
     pa, pr = mem["peak_allocated_gib"], mem["peak_reserved_gib"]
+    src = mem.get("source") or {}
     if any(v is not None for v in (pa["a"], pa["b"], pr["a"], pr["b"])):
+        where = (f" (source: {src.get('a') or 'none'} → {src.get('b') or 'none'})"
+                 if src else "")
         out.print(f"device memory peak: allocated {pa['a']} → {pa['b']} GiB, reserved "
-                  f"{pr['a']} → {pr['b']} GiB", markup=False)
+                  f"{pr['a']} → {pr['b']} GiB{where}", markup=False)
     else:
-        out.print("device memory peak: unknown (no allocator events in either trace)")
+        out.print("device memory peak: unknown (no allocator events, log or snapshot on "
+                  "either side)")
     for line in cross_rank_diff_lines(doc.get("cross_rank")):
         out.print(line, markup=False)
 

@@ -204,3 +204,18 @@ def test_cli_diagnose_log_terminal_and_json_agree(bare_trace: Path) -> None:
     assert (f"peak reserved {mem['peak_reserved_gib']:.2f} GiB, allocated "
             f"{mem['peak_allocated_gib']:.2f} GiB") in text
     assert "source: the run's log train.log (max since start, after iteration 12)" in text
+
+
+def test_diff_takes_each_sides_reference(bare_trace: Path) -> None:
+    """`diff A B --log-a FILE`: A's memory from its log (its trace has no allocator events), B's
+    from its allocator events; each side says its source in the JSON and on the terminal."""
+    args = [sys.executable, "-m", "moetune", "diff", str(bare_trace), str(MEM / "trace.json.gz"),
+            "--log-a", str(MEM / "train.log")]
+    doc = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True,
+                                    timeout=600, check=True).stdout)
+    mem = doc["memory"]
+    assert mem["source"] == {"a": "log", "b": "allocator_events"}
+    assert mem["peak_allocated_gib"]["a"] == pytest.approx(mem["peak_allocated_gib"]["b"],
+                                                           abs=1e-3)
+    text = subprocess.run(args, capture_output=True, text=True, timeout=600, check=True).stdout
+    assert "(source: log → allocator_events)" in text
