@@ -122,9 +122,8 @@ def calibrate(gain: dict[str, Any], diagnosis: Mapping[str, Any]) -> dict[str, A
     mid = sp["mid"]
     if not num(mid) or mid <= -1:
         return gain
-    ref = (diagnosis.get("reference") or {}).get("step_s")
     whatif = diagnosis.get("whatif") or {}
-    have_ref = num(ref) or num(whatif.get("reference_step_s"))
+    have_ref = num(whatif.get("reference_step_s"))  # what the replay itself started from
     doc = ranges()
     kind = "with_reference" if have_ref else "profiled_only"
     cal = doc["whatif"][kind]
