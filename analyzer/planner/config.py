@@ -55,6 +55,7 @@ class PlannerConfig:
     master_param_bytes: int
     adam_moment_bytes: int
     adam_moment_bytes_precision_aware: int
+    torch_adam_step_temporary: int  # bytes per optimizer parameter of torch Adam's step
     # activations, bytes per element
     linear_input_fp8: int
     linear_input_bf16: int
@@ -190,6 +191,7 @@ def _typed(doc: Mapping[str, Any], source: str) -> PlannerConfig:
         adam_moment_bytes=int(v("bytes_per_element", "adam_moments")),
         adam_moment_bytes_precision_aware=int(v("bytes_per_element",
                                                 "adam_moments_precision_aware")),
+        torch_adam_step_temporary=int(v("bytes_per_element", "torch_adam_step_temporary")),
         linear_input_fp8=int(v(act, "linear_input_fp8")),
         linear_input_bf16=int(v(act, "linear_input_bf16")),
         router_per_expert=int(v(act, "router_per_expert")),

@@ -162,6 +162,9 @@ class Workload:
     # buffer of the earlier configs, tests/test_memory_prediction.py corrects for it)
     score_buffer: bool = False
     cross_entropy_fusion: bool = False  # Megatron default: unfused vocab-parallel cross entropy
+    # torch's Adam(W) as the optimizer (Megatron's fallback without Transformer Engine and Apex):
+    # its step's fp32 temporary can set the peak (planner.yaml `torch_adam_step_temporary`)
+    torch_adam: bool = False
 
     def microbatches(self, dp: int) -> int | None:
         if self.global_batch_size is None:
@@ -435,10 +438,12 @@ def _rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, rank:
     else:
         saved = n_dense * kinds[False].saved + n_moe * kinds[True].saved
     activations = sb * inflight * saved
+    buffer = 0.0
     if not w.fused_attention and w.score_buffer:
         # the unfused attention's persistent bf16 score buffer, one micro-batch's size
-        activations += sb * UNFUSED_SCORE_BUFFER * m.num_attention_heads * w.seq_length / (
+        buffer = sb * UNFUSED_SCORE_BUFFER * m.num_attention_heads * w.seq_length / (
             lay.tp * lay.cp)
+        activations += buffer
     if first:
         activations += cfg.token_id * sb * inflight  # token ids of in-flight micro-batches
     logits = 0.0
@@ -461,7 +466,15 @@ def _rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, rank:
     # the logit/cross-entropy buffers are freed once the output layer's backward is done, before
     # any decoder layer is recomputed: on the last stage only the excess over them adds
     transient = max(0.0, transient - logits)
-    dynamic = activations + logits + transient
+    # the optimizer's step runs after backward, the activations freed (the persistent score buffer
+    # stays): torch's Adam adds an fp32 temporary per parameter it steps, the peak of a run whose
+    # activations are smaller than that (full recompute, small micro-batches)
+    step = 0.0
+    if w.torch_adam:
+        stepped = (dense / dense_shard + expert / expert_shard) * on_gpu
+        step = max(0.0, cfg.torch_adam_step_temporary * stepped
+                   - (activations - buffer + logits + transient))
+    dynamic = activations + logits + transient + step
     return {
         "weights": (dense + expert) * w.param_bytes,
         "gradients": (dense + expert) * w.main_grad_bytes,
@@ -469,6 +482,7 @@ def _rank_memory(m: ModelSpec, lay: Layout, w: Workload, opts: FitOptions, rank:
         "activations": activations,
         "logits": logits,
         "transient": transient,
+        "optimizer_step": step,
         "overhead": cfg.cuda_context_bytes + cfg.fragmentation(opts.expandable_segments) * dynamic,
     }
 

@@ -462,6 +462,18 @@ def check_command(req: Request, plan: Plan) -> tuple[str, list[str]]:
     return cmd, notes
 
 
+def _verdict(p: Plan, cap: float, req: Request) -> dict[str, str]:
+    """The memory verdict of a plan, the model alone (verdict.py: the rule `recommend` uses)."""
+    from moetune.analyzer.planner.verdict import of_estimate
+
+    b = p.memory.breakdown
+    dynamic = sum(b.get(k, 0.0) for k in ("activations", "logits", "transient", "optimizer_step"))
+    v = of_estimate(sum(x for k, x in b.items() if k != "overhead"), dynamic,
+                    expandable_segments=p.rung.options.expandable_segments, capacity_gib=cap,
+                    cfg=req.config)
+    return {"verdict": v.verdict, "why": v.why}
+
+
 def to_document(out: Outcome, *, top: int, contract: str | None) -> dict[str, Any]:
     """The `moetune fit --json` document (schemas/fit.schema.json)."""
     req = out.request
@@ -492,6 +504,7 @@ def to_document(out: Outcome, *, top: int, contract: str | None) -> dict[str, An
                 "optimizer_offload_fraction": o.optimizer_offload_fraction,
             },
             "memory": {
+                "verdict": _verdict(p, cap, req),
                 "peak_gib": round(p.memory.peak_gib, 3),
                 "capacity_gib": cap,
                 "headroom_gib": round(cap - p.memory.peak_gib, 3),

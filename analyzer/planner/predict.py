@@ -235,7 +235,18 @@ def workload_from_contract(doc: Mapping[str, Any], cfg: PlannerConfig | None = N
         attention_dropout=float(dropout or 0.0),
         softmax_fp32=softmax_in_fp32(args),
         score_buffer=True,
+        torch_adam=torch_adam(doc),
     )
+
+
+def torch_adam(doc: Mapping[str, Any]) -> bool:
+    """Whether Megatron steps with torch's Adam: it falls back to it when neither Transformer
+    Engine nor Apex is installed (megatron-core optimizer/__init__.py), which a contract says as
+    `versions.transformer_engine: null` (`contract from-log` reads Megatron's warning "Transformer
+    Engine and Apex are not installed. Falling back to Torch optimizers")."""
+    versions = doc.get("versions") or {}
+    return "transformer_engine" in versions and versions["transformer_engine"] in _NONE \
+        and not versions.get("apex")
 
 
 def softmax_in_fp32(args: Mapping[str, Any]) -> bool:
@@ -317,8 +328,10 @@ class Estimate:
 
     @property
     def dynamic_bytes(self) -> float:
-        """Activations, logits and transients: what the fragmentation fraction applies to."""
-        return sum(self.breakdown.get(k, 0.0) for k in ("activations", "logits", "transient"))
+        """Activations, logits, transients and the optimizer step's temporary: what the
+        fragmentation fraction applies to."""
+        return sum(self.breakdown.get(k, 0.0) for k in ("activations", "logits", "transient",
+                                                          "optimizer_step"))
 
 
 def config_peak(contract_doc: Mapping[str, Any], *, changes: Mapping[str, Any] | None = None,

@@ -166,6 +166,28 @@ def judge(contract: Mapping[str, Any], changes: Mapping[str, Any],
                        _r(ctx), _r(frag, 4), evidence, basis,
                        "GPU memory unknown (no device properties in the trace, no "
                        "hardware.gpu_memory_gb in the contract)")
+    return _decide(alloc, lo, hi, capacity, cap_from, frag, evidence, basis, expandable_on, c)
+
+
+def of_estimate(allocated_bytes: float, dynamic_bytes: float, *, expandable_segments: bool,
+                capacity_gib: float, cfg: PlannerConfig | None = None) -> Verdict:
+    """The verdict of the model alone on one configuration (`fit`'s plans): allocated ± the
+    model's error, reserved up to the model's fragmentation of the dynamic memory, the same rule
+    as `judge`'s."""
+    c = cfg or builtin()
+    alloc = allocated_bytes / GIB
+    lo = alloc * (1 - c.model_error)
+    hi = alloc * (1 + c.model_error) + c.fragmentation(expandable_segments) * dynamic_bytes / GIB
+    return _decide(alloc, lo, hi, capacity_gib, "hardware.gpu_memory_gb", None, "model",
+                   f"model only, ±{c.model_error:.0%} (no measured peak)", False, c)
+
+
+def _decide(alloc: float | None, lo: float, hi: float, capacity: float, cap_from: str | None,
+            frag: float | None, evidence: str, basis: str, expandable_on: bool,
+            c: PlannerConfig) -> Verdict:
+    """fits / tight / does not fit for a predicted reserved range (module docstring)."""
+    ctx = c.cuda_context_bytes / GIB
+    hi = max(hi, lo)
     usable = capacity * (1 - c.verdict_margin)
     words = f"predicted reserved {lo:.1f}–{hi:.1f} GiB + {ctx:.1f} GiB context"
     if lo + ctx > capacity:

@@ -71,6 +71,7 @@ def render(fit: dict[str, Any]) -> str:
             f"    memory {mem['peak_gib']:.1f} of {mem['capacity_gib']:g} GiB (headroom "
             f"{mem['headroom_gib']:.1f} GiB, {mem['headroom_fraction']:.0%}) on pipeline rank "
             f"{mem['pipeline_rank']} · fit: {p['fit']['summary']}",
+            f"    memory verdict: {mem['verdict']['verdict']}: {mem['verdict']['why']}",
             "      " + " · ".join(f"{k} {v:.1f}" for k, v in mem["breakdown_gib"].items()),
         ]
         for r in p["reasons"]:
