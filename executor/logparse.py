@@ -426,8 +426,8 @@ def reference_step(parsed: ParsedLog, *, profiled: tuple[int, int] | None = None
     (megatron/training/training.py) is wait S−1, warm-up 1, active E−S, stepped at the top of each
     iteration, so logged iteration S−1 runs the profiler's warm-up (tracing on), S…E−1 are recorded
     and E pays the trace's export (one read 12 s in a 1.6 s/iteration run); its nsys path records
-    S+1…E. So S−1…E are left out. `profiled` overrides the log's own span (the tune loop knows the
-    one it asked for). A line logged every k iterations stands for the k iterations before it: it
+    S+1…E. So S−1…E are left out. `profiled` overrides the log's own span (a caller that asked for one
+    knows it). A line logged every k iterations stands for the k iterations before it: it
     is left out when any of them is."""
     span, source = (profiled, "given") if profiled is not None else \
         (parsed.profile_steps, parsed.profile_source)

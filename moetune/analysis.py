@@ -15,7 +15,7 @@ writes them into the diagnosis (`reference`, `memory`), so every command reads t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -101,8 +101,8 @@ class Advice:
 @dataclass(frozen=True)
 class Reference:
     """What the run's own outputs say beside its trace: the Megatron log's steady unprofiled step
-    time (`step`) and memory lines, and memory snapshots. `step_s` alone (no log): a step time
-    measured elsewhere (the tune loop's confirm run)."""
+    time (`step`) and memory lines, and memory snapshots. `given_step_s`: a step time measured
+    elsewhere (the tune loop's unprofiled runs), with or without the log's memory."""
 
     log: Path | None = None
     step: ReferenceStep | None = None
@@ -114,6 +114,13 @@ class Reference:
     @property
     def step_s(self) -> float | None:
         return self.step.step_s if self.step is not None else self.given_step_s
+
+    def with_step_s(self, step_s: float | None) -> Reference:
+        """This reference with a step time measured elsewhere (the tune loop's unprofiled runs)
+        instead of the log's median, its memory evidence kept."""
+        if step_s is None:
+            return self
+        return replace(self, step=None, given_step_s=float(step_s))
 
     def section(self) -> dict[str, Any]:
         """The diagnosis' `reference` section: where the what-if estimates start from."""

@@ -1,7 +1,7 @@
 """The reference step (executor/logparse.py reference_step, moetune/analysis.py read_reference):
 the steady unprofiled median of a Megatron log's iteration times, without warm-up and without the
 iterations the profiler touched, and which iterations it is the median of. One function, read the
-same way by `recommend`, `report`, `diagnose`, `diff` and the tune loop."""
+same way by `recommend`, `report`, `diagnose` and `diff`."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_grid_log_profile_span_from_its_argument_dump() -> None:
 
 
 def test_a_short_run_keeps_iteration_two() -> None:
-    """The tune loop's baseline profile (8 iterations, profiled from 4): only 1 and 2 are not
+    """A tune loop's baseline profile (8 iterations, profiled from 4): only 1 and 2 are not
     touched by the profiler, so 2 is the reference and the text says so."""
     st = reference_step(parse_file(LOGS / "h200_mcore_no_te_profile.log"))
     assert st.profile_steps == (4, 8)
@@ -97,14 +97,9 @@ def test_span_text() -> None:
     assert span_text((3, 4, 5, 8, 10, 11)) == "3–5, 8, 10–11"
 
 
-def test_recommend_report_and_the_loop_read_the_same_reference(tmp_path: Path) -> None:
-    """One function: `recommend --log`'s JSON, the tune loop's `_unprofiled_step_s` and
-    `read_reference` give the same step and iterations; the terminal names them."""
-    from moetune.executor.loop import _unprofiled_step_s
-
+def test_recommend_reads_the_reference_and_names_its_iterations() -> None:
+    """`recommend --log`'s JSON and terminal give `read_reference`'s step and iterations."""
     ref = read_reference(MEM / "train.log")
-    loop = _unprofiled_step_s(MEM / "train.log", 10)
-    assert loop.step_s == ref.step_s and loop.step.iterations == ref.step.iterations
     base = [sys.executable, "-m", "moetune", "recommend", str(MEM / "trace.json.gz"),
             "--log", str(MEM / "train.log")]
     doc = json.loads(subprocess.run([*base, "--json"], capture_output=True, text=True,
@@ -113,6 +108,14 @@ def test_recommend_report_and_the_loop_read_the_same_reference(tmp_path: Path) -
     assert doc["diagnosis"]["reference"]["iterations"] == [3, 4, 5, 6, 7, 8]
     text = subprocess.run(base, capture_output=True, text=True, timeout=300, check=True).stdout
     assert "median of iterations 3–8 (left out: warm-up 1–2, profiled 9–12) of train.log" in text
+
+
+def test_a_measured_step_keeps_the_logs_memory() -> None:
+    """A step measured elsewhere (the tune loop's unprofiled runs) replaces the log's median but
+    keeps its memory evidence: `Reference.with_step_s`."""
+    ref = read_reference(MEM / "train.log").with_step_s(1.5553)
+    assert ref.step_s == 1.5553 and ref.section()["source"] == "given"
+    assert ref.log_memory is not None and ref.log_memory.height == 2
 
 
 def test_a_saved_diagnosis_takes_only_its_own_reference(tmp_path: Path) -> None:
