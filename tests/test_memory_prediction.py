@@ -489,3 +489,62 @@ def test_an_iteration_one_anchor_takes_the_optimizer_moments() -> None:
     moments = config_peak(doc).moments_bytes / GIB
     assert first.allocated_gib == pytest.approx(later.allocated_gib + moments, abs=0.02)
     assert "after iteration 1 only" in first.basis
+
+
+MLM_GRID = ROOT / "bench" / "grid_mlm" / "grid.json"
+
+
+def test_megatron_lm_grid_max_allocated_and_its_oom_point() -> None:
+    """bench/grid_mlm/grid.json: NVIDIA Megatron-LM's pretrain_gpt.py on the H200 (no TE), every
+    point's max allocated from its log. The model alone, from the contract the shape's fixture log
+    gives with the point's knobs: within 3 % of each point that ran. The point that ran out of
+    memory (mem MBS 8 without recompute: 131.3 GiB after two iterations, then out of memory) is
+    priced at 132.7 GiB and is never `fits`: `tight` alone or anchored on MBS 4 (87.4 / 89.8
+    GiB), `does not fit` anchored on MBS 1 (54.5 / 62.5 GiB, whose allocator kept 8 GiB of slack)."""
+    import sys
+
+    from moetune.analyzer.contract import with_args
+    from moetune.analyzer.megatron_args import contract_from_log
+    from moetune.analyzer.planner.verdict import judge
+
+    if not MLM_GRID.exists():
+        pytest.skip("no bench/grid_mlm/grid.json")
+    sys.path.insert(0, str(ROOT / "bench"))
+    from mlm_spec import parse_id
+
+    grid = json.loads(MLM_GRID.read_text())
+    base = {shape: contract_from_log((TRACES / f"mlm_{shape}_mbs1_rcfull" / "train.log").read_text())
+            for shape in ("host", "mem")}
+
+    def changes(point: str) -> dict[str, Any]:
+        k = parse_id(point)
+        full = k["recompute"] == "full"
+        out = {"micro_batch_size": k["mbs"], "moe_grouped_gemm": k["grouped"],
+               "recompute_granularity": None if k["recompute"] == "none" else k["recompute"],
+               "recompute_method": "uniform" if full else None,
+               "recompute_num_layers": 1 if full else None}
+        return out | ({"cuda_graph_impl": "local"} if k["graphs"] != "eager" else {})
+
+    seen = 0
+    for p in grid["points"]:
+        run = p["runs"][0]
+        est = config_peak(base[p["shape"]], changes=changes(p["point"]))
+        if p["status"] == "ok":
+            assert est.allocated_bytes / GIB / run["max_alloc_gib"] - 1 == \
+                pytest.approx(0, abs=0.03), p["point"]
+            seen += 1
+        elif p["status"] == "oom":
+            doc = base[p["shape"]]
+            alone = judge(doc, changes(p["point"]), {"device_gib": 139.8})
+            assert alone.verdict == "tight" and alone.allocated_gib == pytest.approx(132.7, abs=0.5)
+            for start, verdict in (("mbs4_seq_rcnone_a2a_eager", "tight"),
+                                   ("mbs1_seq_rcnone_a2a_eager", "does not fit")):
+                s = next(q for q in grid["points"] if q["point"] == start and q["shape"] == "mem")
+                r = s["runs"][0]
+                at = with_args(doc, changes(start))
+                v = judge(at, {"micro_batch_size": 8},
+                          {"source": "log", "peak_allocated_gib": r["max_alloc_gib"],
+                           "peak_reserved_gib": r["max_reserved_gib"], "device_gib": 139.8,
+                           "iteration": 2})
+                assert v.verdict == verdict, start
+    assert seen == 9
