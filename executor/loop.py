@@ -87,7 +87,7 @@ Recommender = Callable[..., "list[Recommendation]"]
 
 
 def rules_recommender(traces: list[str], contract: Any, contract_path: Path | None, *,
-                      reference_step_s: float | None = None) -> list[Recommendation]:
+                      reference_step_s: Any = None) -> list[Recommendation]:
     """The one pipeline (moetune.analysis) on the profile traces: the rules' ranked changes.
     Raises UserError when the run cannot be diagnosed (the caller decides what that means)."""
     from moetune.analysis import analyze
@@ -373,8 +373,17 @@ def _profile_and_recommend(runner: Runner, rnd: int, base: Launch, base_label: s
     ref_s = statistics.median([s for s in steps if s]) / 1e3 if any(steps) else None
     if contract is None and log_path:  # no contract given: the run's own argument dump claims
         contract = _contract_from_log(Path(log_path))
+    ref: Any = ref_s
+    if log_path and Path(log_path).is_file():  # the log's memory lines: what a change would fit
+        from moetune.analysis import read_reference
+
+        try:
+            r = read_reference(log_path, require_step=False)
+            ref = r.with_step_s(ref_s) if r is not None else ref_s
+        except UserError as exc:
+            log(f"the profile run's log gives no memory evidence ({exc.message})")
     try:
-        recs = recommender(traces, contract, contract_path, reference_step_s=ref_s)
+        recs = recommender(traces, contract, contract_path, reference_step_s=ref)
     except UserError as exc:
         if tries:
             log(f"the profile cannot be diagnosed ({exc.message}); trying --try candidates only")
