@@ -149,8 +149,10 @@ def test_fast_paths_equal_reference_on_corpus_trace(a100) -> None:
 
 
 def test_diagnosis_numbers_unchanged(corpus: Path) -> None:
-    """Numbers of the document produced before the performance work (commit 1e96336), same file."""
-    doc = diagnose([corpus / A100])
+    """Numbers of the document produced before the performance work (commit 1e96336), same file
+    and same steps: 4-5, as then (step 6, whole, is analysed by default now)."""
+    doc = diagnose([corpus / A100], window="4:5")
+    assert doc["steps"] == [4, 5]
     assert doc["step_time_s"] == 0.219732
     assert doc["walls"] == {"communication": 0.048, "compute": 0.1749, "host": 0.7737, "memory": 0.0035}
     assert doc["host"]["kernels_per_step"] == 900.0
