@@ -39,7 +39,8 @@ def three_steps() -> list[dict[str, Any]]:
     """Step 1 window [100, 1100): compute 300, comm exposed 200 (busy 300), memory exposed 50
     (busy 100), idle 450 = launch-starved 260 + sync-blocked 100 + other 90.
     Step 2 window [1100, 2100): compute 100, idle 900 = launch-starved 820 + other 80.
-    Step 3 is the last ProfilerStep (dropped)."""
+    Step 3 is the last ProfilerStep and the profiler window cut it: 1 GPU op, under half the
+    median of steps 1-2 (4 and 1), so it is dropped."""
     return [
         ev("annotation", "ProfilerStep#1", 0, 1000),
         ev("annotation", "ProfilerStep#2", 1000, 1000),

@@ -206,9 +206,10 @@ def test_alltoall_confirmed_on_real_nccl_all_to_all(corpus: Path) -> None:
     out = run_audit(corpus, A2A, {"moe_token_dispatcher_type": "alltoall", "expert_model_parallel_size": 8})
     v = out["verdicts"]["moe_token_dispatcher_type"]
     assert v["verdict"] == "confirmed"
-    # steps 1009–1013 (1014 is cut by the profiler): 35 of the file's 42 SendRecv kernels
-    assert out["steps"] == [1009, 1010, 1011, 1012, 1013]
-    assert v["evidence"]["evidence.dispatcher.nccl_sendrecv_kernels"] == 35
+    # steps 1009–1014, every one whole (1,575 GPU ops each): all 42 of the file's SendRecv
+    # kernels, 7 a step
+    assert out["steps"] == [1009, 1010, 1011, 1012, 1013, 1014]
+    assert v["evidence"]["evidence.dispatcher.nccl_sendrecv_kernels"] == 42
     assert v["evidence"]["evidence.dispatcher.alltoall_host_calls"] == 96
     assert v["examples"][0]["name"] == "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)"
     # the EP size decides what the dispatcher claim can show; the trace does not test it
@@ -241,9 +242,9 @@ def test_ep_overlap_measured_on_real_all_to_all(corpus: Path) -> None:
     out = run_audit(corpus, A2A, {"overlap_moe_expert_parallel_comm": True, "overlap_grad_reduce": True})
     ep = out["verdicts"]["overlap_moe_expert_parallel_comm"]
     assert ep["verdict"] == "confirmed"
-    # 36.3 % of the SendRecv time (0.105 s over 5 steps) runs under compute kernels on other streams
-    assert ep["evidence"]["probe.comm.time_s"] == pytest.approx(0.105057, abs=1e-6)
-    assert ep["evidence"]["probe.comm.fraction"] == pytest.approx(0.3633, abs=1e-4)
+    # 36.1 % of the SendRecv time (0.131 s over 6 steps) runs under compute kernels on other streams
+    assert ep["evidence"]["probe.comm.time_s"] == pytest.approx(0.130655, abs=1e-6)
+    assert ep["evidence"]["probe.comm.fraction"] == pytest.approx(0.3613, abs=1e-4)
     assert out["verdicts"]["overlap_grad_reduce"]["verdict"] in ("confirmed", "contradicted", "unobservable")
 
 
@@ -529,9 +530,10 @@ def _gpu(path: Path, margs: dict, **doc: Any) -> dict:
 
 def test_h200_graph_replay_measured() -> None:
     v = _gpu(GPU / "gpu_graphs_replay" / "trace.json.gz", {"cuda_graph_impl": "local"})["verdicts"]["cuda_graph_impl"]
-    # ProfilerStep#3-#5 (#6 cut): fwd + bwd graph per step; 216 of 324 kernels are graph-launched
+    # ProfilerStep#3-#6, every one whole: fwd + bwd graph per step (8 launches); 288 of 432
+    # kernels (72 of 108 a step) are graph-launched
     assert (v["verdict"], v["evidence"]["evidence.graph_launches"], v["evidence"]["evidence.graph_kernels"],
-            v["evidence"]["trace.gpu_kernels"]) == ("confirmed", 8, 216, 324)
+            v["evidence"]["trace.gpu_kernels"]) == ("confirmed", 8, 288, 432)
     v = _gpu(GPU / "gpu_graphs_eager" / "trace.json.gz", {"cuda_graph_impl": "local"})["verdicts"]["cuda_graph_impl"]
     assert (v["verdict"], v["evidence"]["evidence.graph_launches"]) == ("contradicted", 0)
 
@@ -568,7 +570,8 @@ def test_h200_multistream_experts_switch_streams_without_overlapping() -> None:
     assert v["verdict"] == "confirmed"
     assert v["evidence"]["evidence.grouped_gemm.max_concurrent_side_streams"] == 1
     assert v["evidence"]["probe.gemms.streams"] == 4
-    assert v["evidence"]["probe.gemms.stream_switch_fraction"] == pytest.approx(0.4894, abs=1e-4)
+    # steps 3-6: 64 GEMMs, 31 of their 63 time-consecutive pairs switch stream
+    assert v["evidence"]["probe.gemms.stream_switch_fraction"] == pytest.approx(0.4921, abs=1e-4)
     v = _gpu(GPU / "gpu_experts_sequential" / "trace.json.gz", {"moe_grouped_gemm": True})["verdicts"]["moe_grouped_gemm"]
     assert (v["verdict"], v["evidence"]["probe.gemms.streams"]) == ("contradicted", 1)
 
@@ -582,8 +585,9 @@ def test_h200_unfused_router_and_permute_and_no_offload() -> None:
     assert {k: x["verdict"] for k, x in v.items()} == {
         "moe_router_fusion": "contradicted", "moe_permute_fusion": "contradicted",
         "fine_grained_activation_offloading": "contradicted"}
-    assert v["moe_router_fusion"]["evidence"] == {"probe.fused.count": 0, "probe.unfused.count": 96}
-    assert v["moe_permute_fusion"]["evidence"] == {"probe.fused.count": 0, "probe.unfused.count": 48}
+    # steps 3-6: 32 top-k/softmax and 16 index/sort kernels a step
+    assert v["moe_router_fusion"]["evidence"] == {"probe.fused.count": 0, "probe.unfused.count": 128}
+    assert v["moe_permute_fusion"]["evidence"] == {"probe.fused.count": 0, "probe.unfused.count": 64}
     assert any("topk" in e["name"].lower() for e in v["moe_router_fusion"]["examples"])
 
 

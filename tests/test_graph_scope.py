@@ -41,7 +41,7 @@ def _check(full: dict, part: dict, n_steps: int) -> None:
 
 def test_scope_on_megatron_hostbound_trace(monkeypatch: pytest.MonkeyPatch) -> None:
     full, part = _scoped(ROOT / "fixtures/traces/gpu_mcore_hostbound/trace.json.gz", monkeypatch)
-    _check(full, part, 3)
+    _check(full, part, 4)  # ProfilerSteps 3-6, each whole (2,521 GPU ops)
 
 
 def test_scope_on_nsys_loop(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
