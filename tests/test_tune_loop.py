@@ -286,7 +286,9 @@ def test_an_accepted_candidates_runs_are_the_next_baseline(tmp_path: Path) -> No
     first, second = res["decisions"]
     assert first["label"] == "micro_batch_size=4" and first["verdict"] == "accepted"
     assert first["evidence"]["pairs"][0]["a_run"] == "r0:base:micro_batch_size=4:first"
-    assert second["evidence"]["pairs"][0]["a_run"] == "r0:cand:micro_batch_size=4:0"
+    # its baseline is the accepted candidate's latest run (one pair, or more on a loaded machine)
+    assert second["evidence"]["pairs"][0]["a_run"] == first["evidence"]["candidate_runs"][-1]
+    assert first["evidence"]["candidate_runs"][0] == "r0:cand:micro_batch_size=4:0"
     with sqlite3.connect(tmp_path / "l.db") as c:
         keys = [k for (k,) in c.execute("SELECT key FROM runs ORDER BY id")]
     assert not any(k.startswith("r1:base:micro_batch_size=32:first") for k in keys)
