@@ -350,8 +350,8 @@ def _stragglers_section(step_s: dict[int, float], compute_s: dict[int, float],
         by_comp += f
         z_comp |= z
     if not judged:
-        return out | {"ranks": [], "unobservable": f"no {MIN_RANKS_FOR_STRAGGLERS} ranks joined "
-                                                   "by collectives to compare"}
+        return out | {"ranks": None, "unobservable": f"no {MIN_RANKS_FOR_STRAGGLERS} ranks "
+                                                     "joined by collectives to compare"}
     last = (per.drop_nulls("last").group_by("last").len() if per.height
             else pl.DataFrame(schema={"last": pl.Int32, "len": pl.UInt32}))
     lasts = {int(r): int(c) for r, c in last.iter_rows()}
@@ -480,9 +480,11 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
             by.append("EP overload")
         return f"{d['rank']} ({', '.join(by)})"
 
+    verdict = (f"unobservable ({st['unobservable']})" if "unobservable" in st
+               else ", ".join(why(d) for d in st.get("detail", [])) or "none")
     lines = [f"cross-rank: {c['ranks']} ranks · alignment {al['method']}"
              + (f" ({len(al['unaligned'])} unaligned)" if al["unaligned"] else "")
-             + " · stragglers: " + (", ".join(why(d) for d in st.get("detail", [])) or "none")]
+             + " · stragglers: " + verdict]
     ep = c["ep_imbalance"]
     if ep.get("overloaded"):
         lines.append("  overloaded EP ranks: " + ", ".join(

@@ -184,16 +184,28 @@ def _memory(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _set_change(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:
+def _set_change(a: Sequence[int] | None, b: Sequence[int] | None) -> dict[str, Any]:
+    """Ranks on each side, which are new, which gone; None for a side with no verdict (and then
+    nothing can be said new or gone)."""
+    if a is None or b is None:
+        return {"a": None if a is None else sorted(a), "b": None if b is None else sorted(b),
+                "new": None, "gone": None}
     return {"a": sorted(a), "b": sorted(b), "new": sorted(set(b) - set(a)),
             "gone": sorted(set(a) - set(b))}
+
+
+def _stragglers(c: Mapping[str, Any]) -> list[int] | None:
+    """A cross-rank view's flagged ranks; None without a verdict (no view, or unobservable)."""
+    st = c.get("stragglers") or {}
+    return None if not st or "unobservable" in st else list(st.get("ranks") or [])
 
 
 def _cross_rank(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | None:
     """Both sides' cross-rank views (`cross_rank`, the many-ranks path) side by side: rank count,
     step-time spread over ranks, stragglers and overloaded EP ranks (which are new, which gone),
     arrival skew per process-group role, the ranks the median step's path crosses. None when
-    neither side has one; a side without one reads as empty."""
+    neither side has one; a side without one reads as empty, but as no verdict (null) for
+    stragglers, as one whose stragglers are unobservable."""
     ca, cb = a.get("cross_rank") or {}, b.get("cross_rank") or {}
     if not (ca or cb):
         return None
@@ -207,8 +219,7 @@ def _cross_rank(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | 
     return {
         "ranks": _pair(ca.get("ranks"), cb.get("ranks"), 0),
         "step_time_s": {k: _pair(sa.get(k), sb.get(k)) for k in ("p50", "p90", "max")},
-        "stragglers": _set_change((ca.get("stragglers") or {}).get("ranks") or [],
-                                  (cb.get("stragglers") or {}).get("ranks") or []),
+        "stragglers": _set_change(_stragglers(ca), _stragglers(cb)),
         "overloaded_ep_ranks": _set_change(over(ca), over(cb)),
         "arrival_skew_p50_s": {
             role: _pair(((ra.get(role) or {}).get("skew_s") or {}).get("p50"),

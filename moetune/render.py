@@ -274,8 +274,8 @@ def cross_rank_diff_lines(cr: dict[str, Any] | None) -> list[str]:
     if not cr:
         return []
 
-    def ranks(xs: list[int]) -> str:
-        return ", ".join(map(str, xs)) or "none"
+    def ranks(xs: list[int] | None) -> str:
+        return "unobservable" if xs is None else ", ".join(map(str, xs)) or "none"
 
     def change(c: dict[str, Any]) -> str:
         moved = [f"new {ranks(c['new'])}"] * bool(c["new"]) + [f"gone {ranks(c['gone'])}"] * bool(

@@ -361,8 +361,10 @@ class _Page(DecisionSections):
             fig2.update_layout(barmode="group", xaxis_title="arrival skew, ms")
             body += self.chart("arrival-skew", fig2, 120 + 30 * len(top))
         body += "</div>"
-        body += (f"<p>Stragglers ({esc(rk.get('straggler_rule') or '')}): "
-                 f"{esc(', '.join(f'rank {s}' for s in sorted(strag, key=int)) or 'none')}. "
+        verdict = (f"unobservable ({rk.get('stragglers_unobservable') or 'no verdict'})"
+                   if rk.get("stragglers") is None
+                   else ', '.join(f'rank {s}' for s in sorted(strag, key=int)) or 'none')
+        body += (f"<p>Stragglers ({esc(rk.get('straggler_rule') or '')}): {esc(verdict)}. "
                  f"Collective arrival skew over {esc(sk.get('instances', 0))} instances: p50 "
                  f"{ms(sk.get('p50'))}, max {ms(sk.get('max'))}.</p>")
         self.section("ranks", "Across ranks", body,

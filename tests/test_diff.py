@@ -120,3 +120,20 @@ def test_noise() -> None:
     slower = step_delta(a, step_stats([0.120, 0.120]))
     assert slower["beyond_noise"] and slower["slower_beyond_noise_pct"] == pytest.approx(15.69, abs=0.01)
     assert step_delta(a, step_stats([]))["delta_s"] is None
+
+
+def test_stragglers_unobservable_on_a_side() -> None:
+    """A side whose cross-rank view could not judge stragglers is null, not "none": nothing is
+    called new or gone against it, and the terminal says unobservable."""
+    from moetune.render import cross_rank_diff_lines
+
+    unjudged = {"cross_rank": {"ranks": 3, "stragglers": {
+        "rule": "…", "ranks": None, "unobservable": "no 3 ranks joined by collectives to compare"}}}
+    judged = {"cross_rank": {"ranks": 4, "stragglers": {"rule": "…", "ranks": [3]}}}
+    doc = diff_analyses(unjudged, judged)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["cross_rank"]["stragglers"] == {"a": None, "b": [3], "new": None, "gone": None}
+    assert "  stragglers unobservable → 3 · overloaded EP ranks none → none" in \
+        cross_rank_diff_lines(doc["cross_rank"])
+    both = diff_analyses(judged, judged)["cross_rank"]["stragglers"]
+    assert both == {"a": [3], "b": [3], "new": [], "gone": []}

@@ -121,6 +121,9 @@ def test_two_ranks_cross_rank_and_memory(reports: dict[str, Path]) -> None:
     page = _text(reports, "ep2")
     assert {"rank-step-times", "arrival-skew", "memory", "copies"} <= set(_charts(page))
     assert "rank 1" in page and "Collective arrival skew over 62 instances" in page
+    # two ranks: no straggler verdict, and the page says why (as the terminal and JSON do)
+    assert ("Stragglers (robust z &gt; 3.5 (MAD floor 1% of median)): unobservable (2 ranks with "
+            "a step time: it takes 3 to tell an outlier from its peers).") in page
     assert "Downsampled:" in page  # the step's CPU thread has more than LANE_MAX_BOXES calls
 
 
