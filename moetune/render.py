@@ -207,12 +207,14 @@ def render_diff(doc: dict[str, Any], console: Console | None = None) -> None:
     def side(s: dict[str, Any]) -> str:
         if s.get("median_s") is None:
             return "—"
-        return (f"{s['median_s'] * 1e3:,.2f} ms ± {s['noise_s'] * 1e3:,.2f} "
+        noise = "noise unknown" if s["noise_s"] is None else f"{s['noise_s'] * 1e3:,.2f}"
+        return (f"{s['median_s'] * 1e3:,.2f} ms ± {noise} "
                 f"({s['n']} step{'s' if s['n'] != 1 else ''})")
 
     line = f"step time: A {side(a)} · B {side(b)}"
     if st.get("delta_pct") is not None:
-        verdict = ("within noise" if not st["beyond_noise"]
+        verdict = ("noise unknown: a change cannot be told from step-to-step variation"
+                   if st["beyond_noise"] is None else "within noise" if not st["beyond_noise"]
                    else "faster" if st["delta_s"] < 0 else "slower")
         line += f" · Δ {st['delta_pct']:+.1f} % ({verdict}; speedup {st['speedup'] * 100:+.1f} %)"
     out.print(line, markup=False)

@@ -149,6 +149,10 @@ def test_baseline_side_by_side(reports: dict[str, Path]) -> None:
     assert '<section id="baseline">' in page
     assert "grouped GEMM: no → yes" in page and "Dominant wall host → compute" in page
     assert "compute.gemm.grouped_cutlass</td><td>appeared" in page
+    # one analysed step a side: no noise, so no verdict on the change (as diff's terminal says)
+    assert ("not decidable: A has 1 analysed step and B has 1 analysed step: step-to-step noise "
+            "is unknown, so a change cannot be told from step-to-step variation") in page
+    assert "beyond both runs&#x27; noise" not in page and "± noise unknown" in page
 
 
 def test_no_steps_page_says_what_is_missing(reports: dict[str, Path]) -> None:
