@@ -380,9 +380,19 @@ class AuditRun:
                          "label": contract.label, "warnings": list(contract.warnings)},
             "steps": doc.get("steps", []),
             "verdicts": dict(sorted(verdicts.items())),
-            "summary": {**counts, "passed": counts["contradicted"] == 0, "unaudited": unaudited},
+            "summary": {**counts, **outcome(counts), "unaudited": unaudited},
             "warnings": sorted(set(warnings)),
         }
+
+
+def outcome(counts: Mapping[str, int]) -> dict[str, Any]:
+    """The audit as a gate: `failed` when a claim is contradicted (exit 1), `undecided` when no
+    claim could be checked — none confirmed or contradicted, e.g. a trace with no GPU events or a
+    contract that claims nothing the signatures test (exit 3: a CI gate must not pass on nothing),
+    else `passed` (exit 0)."""
+    checked = counts["confirmed"] + counts["contradicted"]
+    out = ("failed" if counts["contradicted"] else "undecided" if checked == 0 else "passed")
+    return {"checked": checked, "outcome": out, "passed": out == "passed"}
 
 
 def unaudited_claims(claims: Mapping[str, Any], verdicts: Iterable[Mapping[str, Any]],

@@ -53,6 +53,9 @@ class DecisionSections:
                 f"{s.get('unobservable', 0)} unobservable"
                 + (f"; not audited: {esc(', '.join(s.get('unaudited') or []))}" if s.get("unaudited") else "")
                 + ".</p>")
+        if s.get("outcome") == "undecided":
+            body += self.missing("Undecided: no claim could be checked against this trace, so the "
+                                 "audit neither passes nor fails (moetune audit exits 3).")
         body += self.table(["claim", "claimed", "verdict", "why", "evidence"], rows, "audit")
         self.section("audit", "Audit of claims", body)
 

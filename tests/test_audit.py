@@ -213,7 +213,8 @@ def test_alltoall_confirmed_on_real_nccl_all_to_all(corpus: Path) -> None:
     assert v["evidence"]["evidence.dispatcher.alltoall_host_calls"] == 96
     assert v["examples"][0]["name"] == "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)"
     # the EP size decides what the dispatcher claim can show; the trace does not test it
-    assert out["summary"] == {"confirmed": 1, "contradicted": 0, "unobservable": 0, "passed": True,
+    assert out["summary"] == {"confirmed": 1, "contradicted": 0, "unobservable": 0, "checked": 1,
+                              "outcome": "passed", "passed": True,
                               "unaudited": ["expert_model_parallel_size"]}
 
 
@@ -331,13 +332,46 @@ def test_audit_can_share_the_callers_diagnosis_pass(corpus: Path) -> None:
 def test_cpu_only_trace_is_unobservable_not_an_error(corpus: Path) -> None:
     out = run_audit(corpus, CPU_ONLY, {"fp8": "e4m3", "moe_grouped_gemm": True})
     assert {v["verdict"] for v in out["verdicts"].values()} == {"unobservable"}
-    assert out["summary"]["passed"] is True
+    assert out["summary"]["passed"] is False  # nothing was checked: not a pass
+    assert (out["summary"]["outcome"], out["summary"]["checked"]) == ("undecided", 0)
+
+
+SIX_FALSE = {"cuda_graph_impl": "local", "fp8": "e4m3", "moe_grouped_gemm": True,
+             "moe_token_dispatcher_type": "flex", "recompute_granularity": "full",
+             "overlap_grad_reduce": True}
+
+
+@pytest.mark.corpus
+def test_audit_that_checked_nothing_is_undecided_not_passed(corpus: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """Six false claims against a real trace with no GPU events: every verdict is unobservable,
+    and the CI gate says it could not decide (exit 3) instead of passing (exit 0)."""
+    import json
+
+    import yaml
+
+    from moetune.cli import main
+
+    contract = tmp_path / "six.yaml"
+    contract.write_text(yaml.safe_dump({"megatron_args": SIX_FALSE}))
+    argv = ["audit", "--contract", str(contract), str(corpus / CPU_ONLY)]
+    assert main([*argv, "--json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert list(audit_validator().iter_errors(doc)) == []
+    s = doc["summary"]
+    assert (s["contradicted"], s["confirmed"], s["unobservable"]) == (0, 0, 6)
+    assert (s["checked"], s["outcome"], s["passed"]) == (0, "undecided", False)
+    assert main(argv) == 3
+    out = capsys.readouterr().out
+    assert "0 contradicted, 0 confirmed, 6 unobservable" in out
+    assert "undecided: no claim could be checked against this trace" in out
 
 
 @pytest.mark.corpus
 def test_contract_without_auditable_claims(corpus: Path) -> None:
     out = run_audit(corpus, QWEN05B, {"lr": 0.0001})
-    assert out["verdicts"] == {} and out["summary"]["passed"] is True
+    assert out["verdicts"] == {} and out["summary"]["outcome"] == "undecided"
 
 
 @pytest.mark.corpus
@@ -417,7 +451,8 @@ def test_cli_exit_codes_and_json(corpus: Path, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert list(audit_validator().iter_errors(doc)) == []
-    assert doc["summary"] == {"confirmed": 2, "contradicted": 0, "unobservable": 0, "passed": True,
+    assert doc["summary"] == {"confirmed": 2, "contradicted": 0, "unobservable": 0, "checked": 2,
+                              "outcome": "passed", "passed": True,
                               "unaudited": []}  # eager BF16 inference: no FP8, no graph replay
     bad = tmp_path / "fp8.yaml"
     bad.write_text("label: benchmark-only\nprecision: {fp8_format: e4m3}\n")

@@ -445,3 +445,16 @@ def test_page_renders_in_chromium(name: str, reports: dict[str, Path], browser: 
     if want["lanes"]:
         assert bars > 0
         assert any(re.search(r"at [\d.]+ ms, lasting [\d.,]+ µs", h) for h in hover), hover
+
+
+def test_audit_that_checked_nothing_says_undecided(tmp_path: Path) -> None:
+    """A real nsys export in graph-level trace mode hides the kernels the claims are about: both
+    verdicts unobservable, and the page says the audit is undecided (as `moetune audit` does,
+    exit 3) rather than showing a bare 0 contradicted."""
+    contract = tmp_path / "claims.yaml"
+    contract.write_text("megatron_args:\n  moe_grouped_gemm: true\n  fp8: e4m3\n")
+    trace = ROOT / "fixtures" / "nsys" / "h200_graphs_replay_graph.sqlite.gz"
+    page = _build(tmp_path, "undecided", [str(trace), "--contract", str(contract)]).read_text()
+    assert "0 confirmed, 0 contradicted, 2 unobservable" in page
+    assert "Undecided: no claim could be checked against this trace" in page
+    assert run_cli(["audit", "--contract", str(contract), str(trace)])[0] == 3
