@@ -183,14 +183,31 @@ def test_conditions_count_only_when_true() -> None:
     assert judge(sig, "ran", {})[0] == "unobservable"  # trace.gpu_kernels unknown: not "== 0"
 
 
+EP1 = ("EP=1: no dispatcher communication exists to observe, and no dispatcher's autograd op "
+       "(_AllToAll, FusedDispatch, HybridEPDispatch) is in the trace")
+
+
 def test_judge_order_unobservable_first_then_swap_for_negative_claims() -> None:
     sig = _sig("dispatcher-alltoall")
     facts = {"claims": {"expert_model_parallel_size": 1},
              "evidence": {"dispatcher": {"nccl_sendrecv_kernels": 5, "alltoall_host_calls": 5}},
              "trace": {"gpu_kernels": 100}}
-    assert judge(sig, "ran", facts) == ("unobservable", "EP=1: no dispatcher communication exists to observe")
+    facts["probe"] = {"a2a_ops": {"count": 0}, "flex_ops": {"count": 0}}
+    assert judge(sig, "ran", facts) == ("unobservable", EP1)
     facts["claims"] = {"expert_model_parallel_size": 8}
     assert judge(sig, "ran", facts)[0] == "confirmed"
+    # EP 1, no NCCL kernel: Megatron's _AllToAll autograd ops still show the dispatcher ran
+    ep1 = {"claims": {"expert_model_parallel_size": 1}, "trace": {"gpu_kernels": 100},
+           "evidence": {"dispatcher": {"nccl_sendrecv_kernels": 0, "alltoall_host_calls": 27,
+                                       "deepep_kernels": 0, "hybridep_kernels": 0}},
+           "probe": {"a2a_ops": {"count": 27}, "flex_ops": {"count": 0}}}
+    assert judge(sig, "ran", ep1)[0] == "confirmed"
+    assert judge(_sig("dispatcher-flex"), "ran", ep1 | {"probe": {
+        **ep1["probe"], "ncclep": {"count": 0}}})[0] == "contradicted"
+    assert judge(_sig("dispatcher-allgather"), "ran", ep1)[0] == "contradicted"
+    # Mamba's context parallelism runs _AllToAll too: with CP > 1 the ops prove nothing
+    cp = ep1 | {"claims": {"expert_model_parallel_size": 1, "context_parallel_size": 2}}
+    assert judge(sig, "ran", cp)[0] == "unobservable"
     graphs = _sig("cuda-graph-replay")
     ran = {"evidence": {"graph_launches": 4, "graph_kernels": 96, "graph_replay_rows": 0},
            "trace": {"gpu_kernels": 120}}
@@ -235,7 +252,7 @@ def test_allgather_contradicted_and_ep1_unobservable(corpus: Path) -> None:
     assert out["verdicts"]["moe_token_dispatcher_type"]["verdict"] == "contradicted"
     out = run_audit(corpus, A2A, {"moe_token_dispatcher_type": "alltoall"}, parallelism={"ep": 1})
     v = out["verdicts"]["moe_token_dispatcher_type"]
-    assert (v["verdict"], v["reason"]) == ("unobservable", "EP=1: no dispatcher communication exists to observe")
+    assert (v["verdict"], v["reason"]) == ("unobservable", EP1)  # HTA's trace: no Megatron ops
 
 
 @pytest.mark.corpus
@@ -530,10 +547,12 @@ def test_gpu_trace_claims_both_ways(case: str, files: list[Path], truth: dict) -
             assert v["verdict"] == ("confirmed" if truth[key] else "contradicted"), (case, key, v)
             checked += 1
     backend = truth.get("dispatcher_backend")
-    if backend == "none":  # EP 1: nothing to observe, never "contradicted"
-        v = _verdict(trace, files, {"moe_token_dispatcher_type": "alltoall"}, "moe_token_dispatcher_type",
-                     parallelism={"ep": 1})
-        assert v["verdict"] == "unobservable"
+    if backend == "none":  # EP 1: no dispatch traffic, but the all-to-all dispatcher's autograd ops
+        for claim, want in (("alltoall", "confirmed"), ("flex", "contradicted")):
+            v = _verdict(trace, files, {"moe_token_dispatcher_type": claim},
+                         "moe_token_dispatcher_type", parallelism={"ep": 1})
+            assert v["verdict"] == want, (case, claim, v)
+            assert v["evidence"]["probe.a2a_ops.count"] > 0 == v["evidence"]["probe.flex_ops.count"]
         checked += 1
     elif backend in DISPATCH:
         holds_, false_ = DISPATCH[backend]
@@ -595,7 +614,9 @@ def test_h200_mcore_grouped_claim_is_false_on_the_local_spec() -> None:
         assert v["verdict"] == "contradicted"
         assert v["evidence"]["probe.gemms.streams"] == 1
         assert v["evidence"]["probe.gemms.stream_switch_fraction"] == 0.0
-        assert out["verdicts"]["moe_token_dispatcher_type"]["verdict"] == "unobservable"
+        # Kineto names Megatron's _AllToAll autograd ops (EP 1: no kernels); nsys has no CPU ops
+        want = "confirmed" if path.name.endswith(".json.gz") else "unobservable"
+        assert out["verdicts"]["moe_token_dispatcher_type"]["verdict"] == want
 
 
 def test_h200_multistream_experts_switch_streams_without_overlapping() -> None:
