@@ -126,7 +126,7 @@ def _refine(doc: dict[str, Any], segs: list[dict[str, Any]], steps: pl.DataFrame
     """Walls of each segment from its rank's own critical path (analyzer/critical_path.py) of
     the same step, re-reading the full trace of at most MAX_RELOAD path ranks."""
     from moetune.analyzer.classify import classify
-    from moetune.analyzer.critical_path import analyze
+    from moetune.analyzer.path_summary import analyze
 
     ranks = doc["ranks"][:MAX_RELOAD]
     paths: dict[int, list[Any]] = {}

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from moetune.analyzer import critical_path, device_memory, observed, ranks
+from moetune.analyzer import device_memory, observed, path_summary, ranks
 
 WALL_ORDER = ("compute", "communication", "memory", "host")
 
@@ -79,7 +79,7 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
         f"recompute {_pct(o['recompute_fraction'])} of compute · offload copies {_pct(o['offload_copy_fraction'])} of step"
         + (f" · pageable copies {_pct(o['pageable_copy_fraction'])} of step" if o.get("pageable_copy_fraction") else "")
     )
-    for line in (observed.summary_lines(doc) + critical_path.summary_lines(doc)
+    for line in (observed.summary_lines(doc) + path_summary.summary_lines(doc)
                  + ranks.summary_lines(doc) + device_memory.summary_lines(doc)):
         out.print(line, markup=False)
 

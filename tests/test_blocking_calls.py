@@ -10,9 +10,10 @@ import polars as pl
 import pytest
 from moetune.analyzer import intervals as iv
 from moetune.analyzer.classify import classify
-from moetune.analyzer.critical_path import analyze, critical_path, summary_lines
+from moetune.analyzer.critical_path import critical_path
 from moetune.analyzer.frames import EVENTS_SCHEMA, Trace, conform
 from moetune.analyzer.graph import build_graph
+from moetune.analyzer.path_summary import analyze, summary_lines
 from moetune.analyzer.readers import load_trace
 from moetune.analyzer.steps import find_steps
 

@@ -6,14 +6,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from moetune.analyzer.critical_path import (
-    analyze,
-    critical_path,
-    critical_path_section,
-    summary_lines,
-)
+from moetune.analyzer.critical_path import critical_path
 from moetune.analyzer.frames import Trace
 from moetune.analyzer.graph import build_graph
+from moetune.analyzer.path_summary import analyze, critical_path_section, summary_lines
 from moetune.analyzer.readers import load_trace
 
 SYNTH = Path(__file__).resolve().parents[1] / "fixtures/traces/synthetic_critical_path/trace.json"
@@ -130,8 +126,8 @@ def test_diagnose_hook_agrees_with_walls() -> None:
     import json
 
     import jsonschema
-    from moetune.analyzer.critical_path import diagnosis_section
     from moetune.analyzer.diagnose import diagnose
+    from moetune.analyzer.path_summary import diagnosis_section
 
     doc = diagnose([SYNTH], sections=[("timeline_graph", diagnosis_section)])
     root = Path(__file__).resolve().parents[1]
