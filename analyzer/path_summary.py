@@ -5,14 +5,16 @@ Per (rank, step) the path's time by wall and the communication split; the docume
 each rank's median step (by T; lower median; the rule of analyzer/walls.median_step), averaged
 over ranks like the rest of the document.
 
-Recoverable bound R(wall) = path time of that wall in a step; ceiling = T/(T−R)−1 (null when
-R = T). For host, R counts only host path time while the rank's GPU was idle: where the CPU's
-chain set the step length beside running GPU work (a host-paced path on a busy GPU: the CPU
-issues work barely slower than the GPU runs it), a faster host alone leaves the GPU's queued
-work to run, so that time is not recoverable by it (`host_gpu_busy_s`). `paced_by` says which
-chain set the step: `host` when host segments are over half the path, else `device`. The walls
-(analyzer/walls.py) say where the GPU's time went, and the rules read them; the path says what
-set the step's length, and the what-if replay (analyzer/whatif.py) runs on its graph.
+The path's parts by wall (`path_s`, with `other`: GPU time no op, host call or launch accounts
+for, split by kind in `path_other_s`) sum to the step time T. The recoverable time of a wall, R,
+and its gain ceiling T/(T−R)−1 (null when R = T) are what removing that wall's time gains, by
+the what-if replay of the step's graph without it (`moetune.analyzer.ceilings`), not the wall's
+time on the path: time on the path may hide work that takes its place (a kernel that ran beside
+host time still runs when the host is instant), and time off it may be what the path moves to.
+`host_gpu_busy_s` is the host path time during which the GPU was running queued work. `paced_by`
+says which chain set the step: `host` when host segments are over half the path, else `device`.
+The walls (analyzer/walls.py) say where the GPU's time went, and the rules read them; the path
+says what set the step's length.
 
 Communication per step splits into three disjoint parts (all clipped to the window):
 hidden = comm ∩ compute; blocking = critical-path comm segments whose path successor was entered
@@ -29,11 +31,15 @@ from typing import Any
 import numpy as np
 import polars as pl
 from moetune.analyzer import intervals as iv
+from moetune.analyzer.ceilings import BASIS as CEILING_BASIS
+from moetune.analyzer.ceilings import mean_recoverable
+from moetune.analyzer.classify import classify
 
 # the path's columns and codes, shared with the walk that makes them
 from moetune.analyzer.critical_path import (
     _OP,
     _WALL_NAMES,
+    _WHAT_NAMES,
     CEILING_TEXT_MAX,
     TOP_EDGES,
     TOP_SEGMENTS,
@@ -67,6 +73,29 @@ def _path_walls(p: _Path, wall_names: Sequence[str | None]) -> dict[str, int]:
             raise KeyError(name)
         by[name] += int(dur[p.wall == c].sum())
     return by
+
+
+# What the path's `other` time is, by the kind of segment (critical_path.py's table): GPU time
+# no GPU op, host call or launch accounts for.
+OTHER_KINDS: dict[str, str] = {
+    "unexplained_gap": "over 50 µs after its launch returned, nothing in the trace it waited for",
+    "stream_gap": "after the previous op on its stream ended (scheduling gap)",
+    "event_wait_gap": "after the event it waited on was recorded",
+    "step_start": "before the path's first op, nothing in the trace it waited for",
+}
+
+
+# What the host wall's `other` idle is (analyzer/walls.py: GPU idle neither sync-blocked nor
+# launch-starved), in the terminal's and the report's words
+HOST_IDLE_OTHER = ("its next op already launched, no host call blocking: launch latency or a "
+                   "wait the trace does not record")
+
+
+def _path_other(p: _Path, wall_names: Sequence[str | None]) -> dict[str, int]:
+    """The path's `other` time by segment kind (OTHER_KINDS)."""
+    mask = p.wall == list(wall_names).index("other")
+    dur, what = (p.end - p.start)[mask], p.what[mask]
+    return {_WHAT_NAMES[c]: int(dur[what == c].sum()) for c in np.unique(what).tolist()}
 
 
 def _gain(t: float, r: float) -> float | None:
@@ -158,8 +187,8 @@ def _analyze(trace: Trace, steps: pl.DataFrame | None, graph: TimelineGraph | No
     comm = _comm_split(graph, win, cols, clipped)
     busy = _host_while_gpu_busy(graph, win, cols, names, clipped)
     res = [{"rank": rank, "step": step, "start_ns": lo, "end_ns": hi, "path": p,
-            "walls": _path_walls(p, names), "comm": comm[(rank, step)],
-            "host_gpu_busy": busy.get((rank, step), 0)}
+            "walls": _path_walls(p, names), "other": _path_other(p, names),
+            "comm": comm[(rank, step)], "host_gpu_busy": busy.get((rank, step), 0)}
            for (rank, step, lo, hi), p in zip(rows, paths, strict=True)]
     return res, cols, names
 
@@ -200,9 +229,19 @@ def critical_path_section(
     meds = _median_steps(res)
     t = _mean([r["end_ns"] - r["start_ns"] for r in meds])
     walls = {w: _mean([r["walls"][w] for r in meds]) for w in (*WALLS, "other")}
+    other = {k: _mean([r["other"].get(k, 0) for r in meds]) for k in OTHER_KINDS}
     host_busy = _mean([r["host_gpu_busy"] for r in meds])
-    # R(host): host path time with the GPU idle; the rest overlapped GPU work that stays
-    recoverable = walls | {"host": walls["host"] - host_busy}
+    if "kclass" not in trace.events.columns:  # the replay reads the classes
+        trace = Trace(events=classify(trace.events), comms=trace.comms, flows=trace.flows,
+                      ranks=trace.ranks, warnings=trace.warnings)
+    replayed = mean_recoverable(trace, pl.DataFrame(
+        [(r["rank"], r["step"], r["start_ns"], r["end_ns"]) for r in meds],
+        schema=["rank", "step", "start_ns", "end_ns"], orient="row"), graph)
+    if replayed is not None:
+        recoverable, fidelity, basis = replayed[0], replayed[1], CEILING_BASIS
+    else:  # no GPU op to replay: the path's own time, host only while the GPU was idle
+        recoverable = walls | {"host": walls["host"] - host_busy}
+        fidelity, basis = None, "the wall's time on the critical path (no step to replay)"
     comm = {k: _mean([r["comm"][k] for r in meds]) for k in meds[0]["comm"]}
     segs = _longest_cols(cols, np.ones(len(cols.start), dtype=bool), top, wall_names)
     edges = _longest_cols(cols, cols.blocking, TOP_EDGES, wall_names)
@@ -212,8 +251,11 @@ def critical_path_section(
         "median_step": [{"rank": r["rank"], "step": r["step"]} for r in meds],
         "recoverable_s": {w: _s(recoverable[w]) for w in WALLS},
         "gain_ceiling": {w: _gain(t, recoverable[w]) for w in WALLS},
+        "ceiling_basis": basis,
+        "replay_fidelity": None if fidelity is None else round(fidelity, 4),
         "other_s": _s(walls["other"]),
         "path_s": {w: _s(walls[w]) for w in (*WALLS, "other")},
+        "path_other_s": {k: _s(v) for k, v in other.items() if v},
         "host_gpu_busy_s": _s(host_busy),
         "paced_by": "host" if walls["host"] * 2 > t else "device",
         "segments": [_seg_doc(s, names) for s in segs],
@@ -280,20 +322,7 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
     cp, bl = section.get("critical_path"), section.get("blocking")
     if not cp:
         return []
-    t = cp["length_s"]
-    on_path = cp.get("path_s", cp["recoverable_s"])
-    parts = []
-    for w in WALLS:
-        p, r, gmax = on_path[w], cp["recoverable_s"][w], cp["gain_ceiling"][w]
-        if p > 0:
-            ceiling = _ceiling_text(gmax)
-            idle = f", {r * 1e3:.2f} ms of it with the GPU idle" if w == "host" and r < p else ""
-            parts.append(f"{w} {p * 1e3:.2f} ms{idle} (ceiling {ceiling})")
-    ms = cp["median_step"]
-    where = (f"step {ms[0]['step']}, rank {ms[0]['rank']}" if len(ms) == 1
-             else f"median step of {len(ms)} ranks")
-    pace = {"host": ", host-paced", "device": ", GPU-paced"}.get(cp.get("paced_by"), "")
-    lines = [f"critical path {t * 1e3:.2f} ms ({where}){pace}: " + ", ".join(parts)]
+    lines = path_lines(cp)
     lines += _views_lines(cp, section.get("dominant_wall"))
     if bl and (bl["communication_busy_s"] > 0):
         lines.append(
@@ -312,6 +341,31 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
     unl = {k: v for k, v in cp["graph"]["unlinked"].items() if v}
     if unl:
         lines.append("  not linked: " + ", ".join(f"{k} {v}" for k, v in sorted(unl.items())))
+    return lines
+
+
+def path_lines(cp: dict) -> list[str]:
+    """The path's parts (every wall and `other`; they sum to its length), what `other` was on
+    this trace, and each wall's gain ceiling: the terminal's lines, the report's words."""
+    t = cp["length_s"]
+    on_path = cp["path_s"]
+    parts = [f"{w} {on_path[w] * 1e3:.2f} ms" for w in (*WALLS, "other") if on_path.get(w)]
+    ms = cp["median_step"]
+    where = (f"step {ms[0]['step']}, rank {ms[0]['rank']}" if len(ms) == 1
+             else f"median step of {len(ms)} ranks")
+    pace = {"host": ", host-paced", "device": ", GPU-paced"}.get(cp.get("paced_by"), "")
+    lines = [f"critical path {t * 1e3:.2f} ms ({where}){pace}: " + ", ".join(parts)]
+    other = cp.get("path_other_s") or {}
+    if other:
+        lines.append(f"  other {on_path['other'] * 1e3:.2f} ms: the GPU waiting with no op, host "
+                     "call or launch to account for it — " + "; ".join(
+                         f"{v * 1e3:.2f} ms {OTHER_KINDS.get(k, k)}"
+                         for k, v in sorted(other.items(), key=lambda kv: -kv[1]) if v >= 5e-6))
+    ceilings = ", ".join(f"{w} {_ceiling_text(cp['gain_ceiling'][w])} "
+                         f"({cp['recoverable_s'][w] * 1e3:.2f} ms)" for w in WALLS)
+    by = ("the step replayed without the wall's time" if cp.get("replay_fidelity") is not None
+          else "the wall's time on the path")
+    lines.append(f"  gain ceilings ({by}): {ceilings}")
     return lines
 
 

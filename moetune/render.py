@@ -67,9 +67,10 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
     h = doc["host"]
     out.print(
         f"host idle {_ms(h['idle_s'])}: launch-starved {_ms(h['launch_starved_s'])}, "
-        f"sync-blocked {_ms(h['sync_blocked_s'])}, other {_ms(h['other_s'])} · "
+        f"sync-blocked {_ms(h['sync_blocked_s'])}, other {_ms(h['other_s'])}"
+        + (f" ({path_summary.HOST_IDLE_OTHER})" if h.get("other_s") else "") + " · "
         f"{h.get('kernels_per_step', 0):,.0f} kernels/step, median kernel "
-        f"{h.get('median_kernel_us', 0):,.1f} µs"
+        f"{h.get('median_kernel_us', 0):,.1f} µs", markup=False
     )
     o = doc["observed"]
     out.print(

@@ -11,6 +11,7 @@ from typing import Any
 
 import polars as pl
 
+from moetune.analyzer.path_summary import HOST_IDLE_OTHER, path_lines
 from moetune.errors import UserError
 from moetune.redact import redact_text
 from moetune.report_data import ReportData, Timeline
@@ -195,6 +196,12 @@ class _Page(DecisionSections):
                      opacity=0.45)
         fig2.update_layout(barmode="stack", yaxis_title="ms in the median step")
         body += self.chart("walls-exposed-hidden", fig2) + "</div>"
+        h = d.get("host") or {}
+        if h.get("idle_s"):
+            body += (f"<p>Host (GPU idle) {ms(h['idle_s'])} in the median step: launch-starved "
+                     f"{ms(h.get('launch_starved_s'))}, sync-blocked {ms(h.get('sync_blocked_s'))}"
+                     f", other {ms(h.get('other_s'))}"
+                     + (f" ({esc(HOST_IDLE_OTHER)})" if h.get("other_s") else "") + ".</p>")
         self.section("walls", "Walls per step", body,
                      note="Left: each analysed step's time split by the wall that held the GPU "
                      "(exposed time; sums to the step). Right: the median step, exposed beside "
@@ -263,8 +270,10 @@ class _Page(DecisionSections):
                 "each coloured by its busiest wall; hover for counts.")
         if tl.lanes_dropped:
             notes.append(f"{tl.lanes_dropped} quieter lane(s) not shown (at most {MAX_LANES}).")
+        cp = d.get("critical_path") or {}
+        path = "".join(f"<p>{esc(line.strip())}</p>" for line in path_lines(cp)) if cp else ""
         self.section("timeline", "Median step timeline",
-                     self.chart("timeline", fig, height=height), note=" ".join(notes))
+                     self.chart("timeline", fig, height=height) + path, note=" ".join(notes))
 
     def kernels_section(self, d: Mapping[str, Any], ops: pl.DataFrame | None) -> None:
         go = self.go

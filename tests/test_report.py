@@ -125,6 +125,18 @@ def test_two_ranks_cross_rank_and_memory(reports: dict[str, Path]) -> None:
     assert ("Stragglers (robust z &gt; 3.5 (MAD floor 1% of median)): unobservable (2 ranks with "
             "a step time: it takes 3 to tell an outlier from its peers).") in page
     assert "Downsampled:" in page  # the step's CPU thread has more than LANE_MAX_BOXES calls
+    # the critical path's parts, what `other` was and the gain ceilings: the terminal's lines
+    import html
+
+    from moetune.analyzer.path_summary import path_lines
+
+    doc = json.loads(run_cli(["diagnose", "--json", str(EP2)])[1])
+    lines = path_lines(doc["critical_path"])
+    assert len(lines) == 3 and lines[2].startswith("  gain ceilings")
+    for line in lines:
+        assert f"<p>{html.escape(line.strip())}</p>" in page
+    assert (f"other {doc['host']['other_s'] * 1e3:,.2f} ms (its next op already launched, no host "
+            "call blocking: launch latency or a wait the trace does not record)") in page
 
 
 def test_ledger_tune_history(reports: dict[str, Path]) -> None:
