@@ -166,7 +166,7 @@ def _truth(path: Path) -> tuple[list[tuple[float, float]], list[tuple[float, flo
     return rerun, grad
 
 
-@pytest.mark.parametrize("name", ["cpu_nonreentrant", "cpu_moe_nonreentrant"])
+@pytest.mark.parametrize("name", ["cpu_nonreentrant", "cpu_moe_nonreentrant", "gpu_nonreentrant"])
 def test_rerun_regions_cover_the_whole_rerun_and_no_gradient_op(name: str) -> None:
     """Real torch 2.13 profiles: the span found inside each re-running node holds every op torch
     itself marks as forward work (a `Sequence number` under a backward node) and none of the
@@ -202,8 +202,23 @@ def test_rerun_regions_cover_the_whole_rerun_and_no_gradient_op(name: str) -> No
     fwd = ops.filter(pl.col("in_backward")).select(
         "ts_ns", end=pl.col("ts_ns") + pl.col("dur_ns")).rows()
     missed = sum(not inside(a, b, fwd) for a, b in rerun)
-    # of 36 and 76 re-run ops: 11 and 66 were outside every forward-only op
-    assert missed == {"cpu_nonreentrant": 11, "cpu_moe_nonreentrant": 66}[name]
+    # of 36, 76 and 36 re-run ops: 11, 66 and 10 were outside every forward-only op
+    assert missed == {"cpu_nonreentrant": 11, "cpu_moe_nonreentrant": 66,
+                      "gpu_nonreentrant": 10}[name]
+
+
+def test_real_h200_rerun_is_the_compute_checkpointing_adds() -> None:
+    """The H200 profiles of the same 2-block transformer (torch 2.11, width 1024, sequence 512):
+    the recompute read on the non-reentrant one is the GPU compute it runs beyond the run without
+    checkpointing (2.054 of 2.075 ms per step, 19.4 % of its compute), and none on that run."""
+    none = diagnose([CPU / "gpu_none.json.gz"])
+    nonre = diagnose([CPU / "gpu_nonreentrant.json.gz"])
+    assert none["observed"]["recompute_fraction"] == 0
+    rc, rc0 = nonre["evidence"]["recompute"], none["evidence"]["recompute"]
+    extra = rc["compute_busy_s"] - rc0["compute_busy_s"]
+    assert extra == pytest.approx(0.002075, abs=1e-6)
+    assert rc["busy_s"] == pytest.approx(extra, rel=0.02)
+    assert nonre["observed"]["recompute_fraction"] == pytest.approx(0.194, abs=0.001)
 
 
 def _moe_step_trace(path: Path) -> Path:
