@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import polars as pl
-from moetune.analyzer import critical_path
+from moetune.analyzer import path_summary
 
 from moetune.vocabulary import WALLS
 
@@ -152,7 +152,7 @@ def median_paths(trace: Any, steps: pl.DataFrame, doc: Mapping[str, Any],
     med_steps = steps.join(want, on=["rank", "step"], how="semi")
     if med_steps.height == 0:
         return [], {}
-    segments = [s for r in critical_path.analyze(trace, med_steps) for s in r["path"]]
+    segments = [s for r in path_summary.analyze(trace, med_steps) for s in r["path"]]
     ids = sorted({i for s in segments for i in (s.node, s.waiter) if i is not None})
     col = trace.events.get_column("name")
     return segments, dict(zip(ids, col.gather(ids).to_list(), strict=True)) if ids else {}

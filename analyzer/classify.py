@@ -54,6 +54,7 @@ class KernelClasses:
     source: str
     process_groups: tuple[dict[str, Any], ...] = ()
     forward_ops: dict[str, list[str]] = field(default_factory=dict)
+    repack_ops: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def size_thresholds(self) -> list[int]:
@@ -86,6 +87,7 @@ def _load(path: str) -> KernelClasses:
         source=Path(path).name,
         process_groups=tuple(doc.get("process_groups") or ()),
         forward_ops=rec.get("forward_ops", {}),
+        repack_ops=rec.get("repack_ops", {}),
     )
 
 

@@ -1,4 +1,4 @@
-"""Critical path per step, blocking communication and recoverable bounds, on the shared graph.
+"""Critical path per step on the shared timeline graph: the walk and its segments.
 
 With measured timestamps every complete dependency chain through a step telescopes to the same
 span, so "the longest path" is decided by which dependency *bound* each event: the critical path
@@ -22,36 +22,21 @@ the timeline) into segments, so segment lengths sum exactly to the step time T:
   `LAUNCH_LATENCY_NS` after its launch returned with nothing known to explain it | other |
 | step tail after the last op (host preparing the next step) | host |
 
-Recoverable bound R(wall) = path time of that wall in a step; ceiling = T/(T−R)−1 (null when
-R = T). For host, R counts only host path time while the rank's GPU was idle: where the CPU's
-chain set the step length beside running GPU work (a host-paced path on a busy GPU: the CPU
-issues work barely slower than the GPU runs it), a faster host alone leaves the GPU's queued
-work to run, so that time is not recoverable by it (`host_gpu_busy_s`). `paced_by` says which
-chain set the step: `host` when host segments are over half the path, else `device`. The walls
-(analyzer/walls.py) say where the GPU's time went, and the rules read them; the path says what
-set the step's length, and the what-if replay (analyzer/whatif.py) runs on its graph.
-Reported for each rank's median step (by T; lower median; the rule of
-analyzer/walls.median_step), averaged over ranks like the rest of the document.
-
-Communication per step splits into three disjoint parts (all clipped to the window):
-hidden = comm ∩ compute; blocking = critical-path comm segments whose path successor was entered
-through a dependency edge (event_wait, stream, sync; a comm op blocking another blocking comm op
-counts too), minus compute; exposed = comm − compute − blocking (GPU not computing for other
-reasons while comm ran, or comm at the step's end that nothing waited on).
+The step's figures from its path (walls on the path, communication split, gain ceilings, the
+document's sections and the terminal's lines) are `moetune.analyzer.path_summary`'s; the graph's
+scope (every step, or one step id above GRAPH_MAX_EVENTS) is `graph_scope` here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
-from moetune.analyzer import intervals as iv
 from moetune.analyzer.frames import GPU_KINDS, Trace
-from moetune.analyzer.graph import EDGE_KINDS, TimelineGraph, _no_gc, build_graph
-from moetune.analyzer.ranks import ranks_section
+from moetune.analyzer.graph import EDGE_KINDS, TimelineGraph
 from moetune.analyzer.steps import find_steps
 
 from moetune.vocabulary import WALLS
@@ -435,22 +420,6 @@ def critical_path(graph: TimelineGraph, *, rank: int, step: int, start_ns: int,
                      view.arrays.wall_names)
 
 
-def _path_walls(p: _Path, wall_names: Sequence[str | None]) -> dict[str, int]:
-    """Path time by wall."""
-    by = dict.fromkeys((*WALLS, "other"), 0)
-    dur = p.end - p.start
-    for c in np.unique(p.wall).tolist():
-        name = wall_names[c]
-        if name not in by:
-            raise KeyError(name)
-        by[name] += int(dur[p.wall == c].sum())
-    return by
-
-
-def _gain(t: float, r: float) -> float | None:
-    return None if t - r <= 0 else round(t / (t - r) - 1, 6)
-
-
 class _Cols(NamedTuple):
     """Every step's segments in one set of columns, in the order of the steps (rank, step)."""
 
@@ -476,174 +445,6 @@ def _concat(paths: list[_Path]) -> _Cols:
                  cat("blocking", bool), paths, off)
 
 
-def _interval_frame(c: _Cols, mask: np.ndarray, like: pl.DataFrame) -> pl.DataFrame:
-    """rank, step, start, end of the masked segments, rank/step typed like `like`'s."""
-    return pl.DataFrame({"rank": c.rank[mask], "step": c.step[mask], iv.START: c.start[mask],
-                         iv.END: c.end[mask]},
-                        schema={"rank": pl.Int64, "step": pl.Int64, iv.START: pl.Int64,
-                                iv.END: pl.Int64},
-                        ).with_columns(pl.col("rank").cast(like.schema["rank"]),
-                                       pl.col("step").cast(like.schema["step"]))
-
-
-def _gpu_clipped(graph: TimelineGraph, win: pl.DataFrame) -> pl.DataFrame:
-    """The graph's GPU ops (rank, wall, start, end) clipped to their step windows, once for the
-    communication split and the host-busy share (a clip is per row: filtering by wall after it
-    keeps the same pieces)."""
-    w = win.rename({"win_start_ns": "lo", "win_end_ns": "hi"})
-    ops = graph.nodes.filter(pl.col("is_gpu")).select(
-        "rank", "wall", pl.col("ts_ns").alias(iv.START), pl.col("end_ns").alias(iv.END))
-    return iv.clip(ops, w, on=["rank"], window_cols=["step"], start="lo", end="hi")
-
-
-def _comm_split(graph: TimelineGraph, win: pl.DataFrame, cols: _Cols,
-                clipped: pl.DataFrame | None = None) -> dict[tuple[int, int], dict[str, int]]:
-    """Per (rank, step) window: communication busy, hidden (∩ compute), blocking (blocking path
-    segments − compute, at most busy − hidden) and exposed ns, for every step in one pass of
-    interval algebra (GPU ops clipped to their window)."""
-    by = ["rank", "step"]
-    if clipped is None:
-        clipped = _gpu_clipped(graph, win)
-    comm = clipped.filter(pl.col("wall") == "communication").drop("wall")
-    comp = clipped.filter(pl.col("wall") == "compute").drop("wall")
-    blk = _interval_frame(cols, cols.blocking, comm)
-
-    def lengths(df: pl.DataFrame) -> dict[tuple[int, int], int]:
-        return {(r, st): n for r, st, n in iv.total(df, by=by).iter_rows()}
-
-    busy = lengths(comm)
-    hidden = lengths(iv.intersect(comm, comp, by=by))
-    blocking = lengths(iv.subtract(blk, comp, by=by))
-    out = {}
-    for p in cols.paths:
-        key = (p.rank, p.step)
-        b, h = busy.get(key, 0), hidden.get(key, 0)
-        bl = min(blocking.get(key, 0), b - h)
-        out[key] = {"busy": b, "hidden": h, "blocking": bl, "exposed": b - h - bl}
-    return out
-
-
-def _host_while_gpu_busy(graph: TimelineGraph, win: pl.DataFrame, cols: _Cols,
-                         wall_names: Sequence[str | None], clipped: pl.DataFrame | None = None
-                         ) -> dict[tuple[int, int], int]:
-    """Per (rank, step): host path time during which the rank's GPU was running an op. The CPU
-    chain set the step's length there, but the GPU was busy too: a faster host alone cannot
-    recover that time, the GPU would still have its queued work to run."""
-    by = ["rank", "step"]
-    if clipped is None:
-        clipped = _gpu_clipped(graph, win)
-    gpu = clipped.drop("wall")
-    host = _interval_frame(cols, cols.wall == list(wall_names).index("host"), gpu)
-    return {(r, st): n for r, st, n in iv.total(iv.intersect(host, gpu, by=by), by=by).iter_rows()}
-
-
-def _analyze(trace: Trace, steps: pl.DataFrame | None, graph: TimelineGraph | None,
-             ranks: Sequence[int] | None) -> tuple[list[dict], _Cols, tuple[str | None, ...]]:
-    """`analyze` with each path as columns (`_Path`), plus all steps' segments concatenated."""
-    win = step_windows(trace, steps)
-    if ranks is not None:
-        win = win.filter(pl.col("rank").is_in(list(ranks)))
-    if graph is None:
-        lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
-        window = (int(lo), int(hi)) if lo is not None else None
-        graph = build_graph(trace, window=window, rank=None)
-    views: dict[int, _RankView] = {}
-    paths: list[_Path] = []
-    arrays = _walk_arrays(graph) if win.height else None
-    names = arrays.wall_names if arrays is not None else _WALL_NAMES
-    rows = win.rows()
-    for rank, step, lo, hi in rows:
-        if rank not in views:
-            views[rank] = _view(graph, rank, arrays)
-        paths.append(_path(views[rank], rank, step, lo, hi))
-    cols = _concat(paths)
-    clipped = _gpu_clipped(graph, win)
-    comm = _comm_split(graph, win, cols, clipped)
-    busy = _host_while_gpu_busy(graph, win, cols, names, clipped)
-    res = [{"rank": rank, "step": step, "start_ns": lo, "end_ns": hi, "path": p,
-            "walls": _path_walls(p, names), "comm": comm[(rank, step)],
-            "host_gpu_busy": busy.get((rank, step), 0)}
-           for (rank, step, lo, hi), p in zip(rows, paths, strict=True)]
-    return res, cols, names
-
-
-def analyze(
-    trace: Trace,
-    steps: pl.DataFrame | None = None,
-    *,
-    graph: TimelineGraph | None = None,
-    ranks: Sequence[int] | None = None,
-) -> list[dict]:
-    """Per (rank, step): the path, its wall split and the communication split."""
-    res, _, names = _analyze(trace, steps, graph, ranks)
-    # the segment tuples are many small objects and no cycles: no collection while making them
-    with _no_gc():
-        for r in res:
-            r["path"] = _segments(r["path"], names)
-    return res
-
-
-def critical_path_section(
-    trace: Trace,
-    steps: pl.DataFrame | None = None,
-    *,
-    graph: TimelineGraph | None = None,
-    top: int = TOP_SEGMENTS,
-) -> dict[str, dict]:
-    """`{"critical_path": {...}, "blocking": {...}}` for the diagnosis document (paths read by
-    the rules engine: critical_path.recoverable_s.<wall>, critical_path.gain_ceiling.<wall>,
-    blocking.communication_{blocking,exposed,hidden}_s)."""
-    if graph is None:
-        win = step_windows(trace, steps)
-        lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
-        graph = build_graph(trace, window=(int(lo), int(hi)) if lo is not None else None)
-    res, cols, wall_names = _analyze(trace, steps, graph, None)
-    if not res:
-        return {}
-    meds = _median_steps(res)
-    t = _mean([r["end_ns"] - r["start_ns"] for r in meds])
-    walls = {w: _mean([r["walls"][w] for r in meds]) for w in (*WALLS, "other")}
-    host_busy = _mean([r["host_gpu_busy"] for r in meds])
-    # R(host): host path time with the GPU idle; the rest overlapped GPU work that stays
-    recoverable = walls | {"host": walls["host"] - host_busy}
-    comm = {k: _mean([r["comm"][k] for r in meds]) for k in meds[0]["comm"]}
-    segs = _longest_cols(cols, np.ones(len(cols.start), dtype=bool), top, wall_names)
-    edges = _longest_cols(cols, cols.blocking, TOP_EDGES, wall_names)
-    names = _names(trace, [x for s in (*segs, *edges) for x in (s.node, s.waiter, s.via)])
-    cp = {
-        "length_s": _s(t),
-        "median_step": [{"rank": r["rank"], "step": r["step"]} for r in meds],
-        "recoverable_s": {w: _s(recoverable[w]) for w in WALLS},
-        "gain_ceiling": {w: _gain(t, recoverable[w]) for w in WALLS},
-        "other_s": _s(walls["other"]),
-        "path_s": {w: _s(walls[w]) for w in (*WALLS, "other")},
-        "host_gpu_busy_s": _s(host_busy),
-        "paced_by": "host" if walls["host"] * 2 > t else "device",
-        "segments": [_seg_doc(s, names) for s in segs],
-        "per_step": [
-            {"rank": r["rank"], "step": r["step"], "length_s": _s(r["end_ns"] - r["start_ns"]),
-             "walls_s": {w: _s(r["walls"][w]) for w in (*WALLS, "other")},
-             "path_nodes": int(np.count_nonzero(r["path"].what == _OP))}
-            for r in res
-        ],
-        "graph": {"nodes": graph.n_nodes, "edges": graph.edge_counts(),
-                  "aggregated": graph.aggregated, "unlinked": dict(graph.unlinked)},
-    }
-    blocking = {
-        "communication_blocking_s": _s(comm["blocking"]),
-        "communication_exposed_s": _s(comm["exposed"]),
-        "communication_hidden_s": _s(comm["hidden"]),
-        "communication_busy_s": _s(comm["busy"]),
-        "edges": [
-            {"rank": s.rank, "step": s.step, "kind": s.edge, "communication": names.get(s.node),
-             "waiter": names.get(s.waiter), "via": names.get(s.via) if s.via is not None else None,
-             "on_path_s": _s(s.dur_ns)}
-            for s in edges
-        ],
-    }
-    return {"critical_path": cp, "blocking": blocking}
-
-
 def _longest_cols(c: _Cols, mask: np.ndarray, k: int, wall_names: Sequence[str | None]
                   ) -> list[Segment]:
     """The k longest of the masked segments of every step, sorted by (−duration, rank, step,
@@ -663,127 +464,6 @@ def _longest_cols(c: _Cols, mask: np.ndarray, k: int, wall_names: Sequence[str |
         j = i - int(c.offsets[p])
         one = _Path(path.rank, path.step, *(x[j:j + 1] for x in path[2:]))
         out.extend(_segments(one, wall_names))
-    return out
-
-
-def _median_steps(res: list[dict]) -> list[dict]:
-    """Per rank, the step of median length (lower median; ties by step id): the same rule as
-    analyzer/walls.median_step, so both describe the same steps."""
-    out = []
-    for rank in sorted({r["rank"] for r in res}):
-        rs = sorted((r for r in res if r["rank"] == rank),
-                    key=lambda r: (r["end_ns"] - r["start_ns"], r["step"]))
-        out.append(rs[(len(rs) - 1) // 2])
-    return out
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs)
-
-
-def _names(trace: Trace, ids: Sequence[int | None]) -> dict[int, str]:
-    """Event names by row index, for the few ids the document mentions."""
-    want = sorted({i for i in ids if i is not None})
-    if not want:
-        return {}
-    col = trace.events.get_column("name").gather(want).to_list()
-    return dict(zip(want, col, strict=True))
-
-
-def _seg_doc(s: Segment, names: dict[int, str]) -> dict:
-    return {"rank": s.rank, "step": s.step, "wall": s.wall, "what": s.what,
-            "name": names.get(s.node) if s.node is not None and s.what == "op" else None,
-            "dur_s": _s(s.dur_ns), "blocking": s.blocking}
-
-
-def _s(ns: float) -> float:
-    return round(ns / 1e9, 9)
-
-
-def summary_lines(section: dict[str, dict]) -> list[str]:
-    """Plain lines for the terminal summary (render.py may wrap them in rich markup)."""
-    cp, bl = section.get("critical_path"), section.get("blocking")
-    if not cp:
-        return []
-    t = cp["length_s"]
-    on_path = cp.get("path_s", cp["recoverable_s"])
-    parts = []
-    for w in WALLS:
-        p, r, gmax = on_path[w], cp["recoverable_s"][w], cp["gain_ceiling"][w]
-        if p > 0:
-            ceiling = _ceiling_text(gmax)
-            idle = f", {r * 1e3:.2f} ms of it with the GPU idle" if w == "host" and r < p else ""
-            parts.append(f"{w} {p * 1e3:.2f} ms{idle} (ceiling {ceiling})")
-    ms = cp["median_step"]
-    where = (f"step {ms[0]['step']}, rank {ms[0]['rank']}" if len(ms) == 1
-             else f"median step of {len(ms)} ranks")
-    pace = {"host": ", host-paced", "device": ", GPU-paced"}.get(cp.get("paced_by"), "")
-    lines = [f"critical path {t * 1e3:.2f} ms ({where}){pace}: " + ", ".join(parts)]
-    lines += _views_lines(cp, section.get("dominant_wall"))
-    if bl and (bl["communication_busy_s"] > 0):
-        lines.append(
-            f"communication: blocking {bl['communication_blocking_s'] * 1e3:.2f} ms, exposed "
-            f"{bl['communication_exposed_s'] * 1e3:.2f} ms, hidden "
-            f"{bl['communication_hidden_s'] * 1e3:.2f} ms")
-        if bl["edges"]:
-            e = bl["edges"][0]
-            lines.append(f"  longest wait: {_short(e['waiter'])} ← {_short(e['communication'])} "
-                         f"via {e['kind']} "
-                         f"({e['on_path_s'] * 1e3:.2f} ms on path)")
-    sm = cp["graph"].get("sampled")
-    if sm:
-        lines.append(f"  graph over step {sm['steps'][0]} only ({sm['events_in_span']:,} events in "
-                     f"{sm['steps_in_window']} steps > {sm['limit']:,})")
-    unl = {k: v for k, v in cp["graph"]["unlinked"].items() if v}
-    if unl:
-        lines.append("  not linked: " + ", ".join(f"{k} {v}" for k, v in sorted(unl.items())))
-    return lines
-
-
-def _views_lines(cp: dict, dominant: str | None) -> list[str]:
-    """What the path view means beside the walls, when they could be read as disagreeing: a
-    host-paced path on a GPU-busy step, or a GPU-paced one where the host wall dominates."""
-    pace = cp.get("paced_by")
-    if pace is None or dominant is None or (pace == "host") == (dominant == "host"):
-        return []
-    if pace == "host":
-        busy = cp.get("host_gpu_busy_s", 0.0)
-        meaning = ("  host-paced: the CPU issues work slower than the GPU runs it, so the CPU's "
-                   "chain of calls set the step's length")
-        if busy > 0:
-            meaning += (f"; for {busy * 1e3:.2f} ms of it the GPU was running work queued earlier "
-                        "(not recoverable by a faster host alone)")
-    else:
-        meaning = ("  GPU-paced: GPU work and its dependencies set the step's length; the host "
-                   "wall is GPU idle time off that chain")
-    return [meaning, "  the walls say where the GPU's time went (the rules read them); the path "
-                     "says what set the step's length (the what-if estimates replay its graph)"]
-
-
-def _ceiling_text(gain: float | None) -> str:
-    """Gain ceiling for the terminal: when R ≈ T the percentage (+241899 %) says no more than
-    "a gain above 10× (+1000 %)"; the JSON keeps the number."""
-    if gain is None:
-        return "∞"
-    return ">10×" if gain > CEILING_TEXT_MAX else f"+{gain * 100:.0f} %"
-
-
-def diagnosis_section(trace: Trace, steps: Any, ctx: Any) -> dict[str, dict]:
-    """`moetune.analyzer.diagnose.SECTIONS` hook: one graph over the steps' span, built on the
-    classified events (same rows, so node ids stay row indices and walls match wall_detail),
-    shared by the critical path and blocking; plus the cross-rank section when > 1 rank."""
-    table = steps.table if hasattr(steps, "table") else steps
-    events = getattr(ctx, "events", None)
-    tr = trace if events is None else Trace(events=events, comms=trace.comms, flows=trace.flows,
-                                            ranks=trace.ranks, warnings=trace.warnings)
-    graph_table, sampled = graph_scope(tr.events, table)
-    lo, hi = graph_table["win_start_ns"].min(), graph_table["win_end_ns"].max()
-    graph = build_graph(tr, window=(int(lo), int(hi)) if lo is not None else None)
-    out = critical_path_section(tr, graph_table, graph=graph)
-    if out and sampled:
-        out["critical_path"]["graph"]["sampled"] = sampled
-    if tr.events.get_column("rank").n_unique() > 1:
-        out |= ranks_section(tr, table, getattr(steps, "skipped", ()))
     return out
 
 
@@ -812,7 +492,3 @@ def graph_scope(events: pl.DataFrame, steps: pl.DataFrame, *, limit: int | None 
         "events_in_span": int(n), "limit": int(limit),
     }
 
-
-def _short(name: str | None, limit: int = 48) -> str:
-    n = name or "?"
-    return n if len(n) <= limit else n[: limit - 1] + "…"

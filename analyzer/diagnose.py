@@ -24,9 +24,9 @@ from typing import Any
 import polars as pl
 from moetune.analyzer import device_memory
 from moetune.analyzer.classify import KernelClasses, class_table, classify, load_classes
-from moetune.analyzer.critical_path import diagnosis_section
 from moetune.analyzer.frames import GPU_KINDS, Trace
 from moetune.analyzer.observed import gpu_facts, in_windows, observe
+from moetune.analyzer.path_summary import diagnosis_section
 from moetune.analyzer.steps import Steps, find_steps
 from moetune.analyzer.walls import (
     attribute_walls,

@@ -3,7 +3,9 @@
 
 Stragglers: robust z-score of per-rank median step time, z = 0.6745·(x − median)/MAD, flagged
 when z > 3.5 (Iglewicz–Hoaglin); MAD is floored at 1 % of the median so identical ranks do not
-divide by zero. Needs ≥ 3 ranks (with 2 ranks neither can be told apart as the outlier).
+divide by zero. Needs ≥ 3 ranks (with 2 ranks neither can be told apart as the outlier): with
+fewer the verdict is unobservable (`stragglers` null, `stragglers_unobservable` says why), never
+"none".
 
 Arrival skew of a collective instance = max − min of its members' aligned start times. For the
 MoE all-to-all this is the proxy for expert-load imbalance upstream of the dispatch; the rank
@@ -15,6 +17,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 from moetune.analyzer.clocks import align_clocks
@@ -45,6 +48,32 @@ def stragglers(step_s: dict[int, float]) -> tuple[list[int], dict[int, float]]:
     scale = max(mad, MAD_FLOOR * abs(med)) or 1e-12
     z = {k: round(0.6745 * (x - med) / scale, 3) for k, x in step_s.items()}
     return sorted(k for k, v in z.items() if v > Z_THRESHOLD), z
+
+
+def straggler_fields(step_s: dict[int, float], *, unobservable: str | None = None
+                     ) -> dict[str, Any]:
+    """The `ranks` section's straggler verdict: `stragglers` (the flagged ranks), the rule and
+    every rank's z. Where it cannot be judged (fewer than MIN_RANKS_FOR_STRAGGLERS ranks with a
+    step time, or `unobservable`: the caller's reason) `stragglers` is null and
+    `stragglers_unobservable` says why: "none" would claim a comparison that was not made."""
+    rule = f"robust z > {Z_THRESHOLD} (MAD floor {MAD_FLOOR:.0%} of median)"
+    n = len(step_s)
+    if unobservable is None and n < MIN_RANKS_FOR_STRAGGLERS:
+        unobservable = (f"{n} rank{'s' if n != 1 else ''} with a step time: it takes "
+                        f"{MIN_RANKS_FOR_STRAGGLERS} to tell an outlier from its peers")
+    if unobservable is not None:
+        return {"stragglers": None, "stragglers_unobservable": unobservable,
+                "straggler_rule": rule, "robust_z": {}}
+    strag, z = stragglers(step_s)
+    return {"stragglers": strag, "straggler_rule": rule,
+            "robust_z": {str(k): v for k, v in z.items()}}
+
+
+def straggler_text(r: dict[str, Any]) -> str:
+    """The straggler verdict in words: the ranks, "none", or "unobservable (why)"."""
+    if r.get("stragglers") is None:
+        return f"unobservable ({r.get('stragglers_unobservable') or 'no verdict'})"
+    return ", ".join(map(str, r["stragglers"])) or "none"
 
 
 def arrival_skew(matched: pl.DataFrame) -> dict:
@@ -84,14 +113,16 @@ def ranks_section(trace: Trace, steps: pl.DataFrame | None = None,
     unlinked: dict[str, int] = {}
     matched = match_collectives(inst, al.offsets_ns, unlinked)
     st = step_time_by_rank(steps)
-    strag, z = stragglers(st)
+    # peers: the ranks on the reference rank's clock (one clock, or joined by collectives), as
+    # the cross-rank view judges them (analyzer/cross_rank.py)
+    peers = {k: v for k, v in st.items() if k not in al.unaligned}
+    why = (f"no {MIN_RANKS_FOR_STRAGGLERS} ranks joined by collectives to compare"
+           if len(st) >= MIN_RANKS_FOR_STRAGGLERS > len(peers) else None)
     out: dict[str, dict] = {
         "ranks": {
             "count": len(ranks),
             "step_time_s_by_rank": {str(k): round(v, 9) for k, v in st.items()},
-            "stragglers": strag,
-            "straggler_rule": f"robust z > {Z_THRESHOLD} (MAD floor {MAD_FLOOR:.0%} of median)",
-            "robust_z": {str(k): v for k, v in z.items()},
+            **straggler_fields(peers, unobservable=why),
             "collective_arrival_skew_s": arrival_skew(matched),
             "alignment": {
                 "method": al.method,
@@ -102,6 +133,8 @@ def ranks_section(trace: Trace, steps: pl.DataFrame | None = None,
                          "collectives": inst.height},
         }
     }
+    if why is None and len(peers) < len(st):
+        out["ranks"]["ranks_not_judged"] = len(st) - len(peers)  # on no shared clock
     if skipped:  # ranks with GPU work and no analysed step, each with why
         out["ranks"]["skipped"] = [{"rank": int(r), "file": _file_of(trace, r), "reason": why}
                                    for r, why in skipped]
@@ -119,7 +152,7 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
     # beside the cross-rank view (which also judges compute time) this rule is named
     rule = " by step time" if section.get("cross_rank") else ""
     lines = [f"ranks: {r['count']}{analysed} · alignment {r['alignment']['method']} · "
-             f"stragglers{rule}: " + (", ".join(map(str, r["stragglers"])) or "none")]
+             f"stragglers{rule}: " + straggler_text(r)]
     lines += [f"  rank {s['rank']} ({s['file']}) not analysed: {s['reason']}" for s in skipped]
     if sk["p50"] is not None:
         lines.append(f"  collective arrival skew p50 {sk['p50'] * 1e6:.1f} µs, max "

@@ -38,6 +38,7 @@ from moetune.analyzer.intervals import (
     sweep_stacked,
     union,
 )
+from moetune.analyzer.recompute import rerun_regions
 
 from moetune.vocabulary import WALLS
 
@@ -96,27 +97,34 @@ def recompute_launches(events: pl.DataFrame, *, classes: KernelClasses | None = 
                        ops: pl.DataFrame | None = None) -> pl.DataFrame:
     """(rank, correlation) of launches that re-run forward work inside a recompute region.
 
-    Regions are checkpoint scopes (`CheckpointFunctionBackward`, `recompute`, …) and forward-only
-    ops running inside backward (non-reentrant checkpointing), see `recompute_ops` (`ops`, when
-    the caller has them). Launches under a backward op that itself starts inside a region are the
-    checkpoint's own backward pass, not recompute.
+    Regions are checkpoint scopes (`CheckpointFunctionBackward`, `recompute`, …) and, for
+    non-reentrant checkpointing, each backward node that re-runs forward-only ops, from its start
+    to the re-run's end (`moetune.analyzer.recompute`), see `recompute_ops` (`ops`, when the
+    caller has them). Launches under a backward op that itself starts inside a region, after it
+    began, are the checkpoint's own backward pass, not recompute.
     """
     out_schema = {"rank": pl.Int32, "correlation": pl.Int64}
-    ops = ops if ops is not None else recompute_ops(events, classes=classes)
+    cl = classes or load_classes()
+    ops = ops if ops is not None else recompute_ops(events, classes=cl)
     by = ["rank", "tid"]
     reg_iv = _iv_by(ops.filter(pl.col("scope") | pl.col("in_backward")), by)
     if reg_iv.height == 0:
         return pl.DataFrame(schema=out_schema)
+    # a node that re-runs the forward: from its start to the re-run's end (analyzer/recompute.py)
+    reg_iv = pl.concat([reg_iv, rerun_regions(events, ops, cl).select(reg_iv.columns)
+                        .cast(reg_iv.schema)])
     reg_u = union(reg_iv, by=by)
     bwd = _iv_by(ops.filter(pl.col("backward")), by)
-    # only backward ops that start inside a region (the region's own backward), not enclosing ones
+    # only backward ops that start inside a region, after it began (the region's own backward),
+    # not enclosing ones nor the node a re-run region starts with
     bwd_in = (
         bwd.sort(START)
         .join_asof(
             reg_u.rename({START: "r_start", END: "r_end"}).sort("r_start"),
             left_on=START, right_on="r_start", by=by, strategy="backward", check_sortedness=False,
         )
-        .filter(pl.col("r_end").is_not_null() & (pl.col(START) < pl.col("r_end")))
+        .filter(pl.col("r_end").is_not_null() & (pl.col(START) < pl.col("r_end"))
+                & (pl.col(START) > pl.col("r_start")))
         .select(*by, START, END)
     )
     seg = sweep({"reg": reg_iv, "bwd": bwd_in}, by=by)

@@ -106,14 +106,19 @@ class Episode:
 
 
 def episode(trace: Any, events: pl.DataFrame, rank: int, start_ns: int, end_ns: int,
-            recompute_corr: pl.DataFrame | None = None) -> Episode | None:
-    """The step [start_ns, end_ns) of `rank` as an Episode; None when it has no GPU op."""
-
-
-    tr = Trace(events=events, comms=trace.comms, flows=trace.flows, ranks=trace.ranks,
-               warnings=trace.warnings)
-    graph: TimelineGraph = build_graph(tr, window=(start_ns, end_ns), rank=rank)
-    nodes = graph.nodes
+            recompute_corr: pl.DataFrame | None = None, graph: TimelineGraph | None = None
+            ) -> Episode | None:
+    """The step [start_ns, end_ns) of `rank` as an Episode; None when it has no GPU op.
+    `graph`: one already built on `events` that covers the window (any ranks, any span), whose
+    nodes of `rank` in the window are taken instead of building the window's own."""
+    if graph is None:
+        tr = Trace(events=events, comms=trace.comms, flows=trace.flows, ranks=trace.ranks,
+                   warnings=trace.warnings)
+        graph = build_graph(tr, window=(start_ns, end_ns), rank=rank)
+        nodes = graph.nodes
+    else:
+        nodes = graph.nodes.filter((pl.col("rank") == rank) & (pl.col("ts_ns") < end_ns)
+                                   & (pl.col("end_ns") > start_ns))
     if nodes.height == 0 or not nodes["is_gpu"].any():
         return None
     # node ids are row numbers of `events`: the window's classes by gather, not a join over all

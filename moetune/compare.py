@@ -3,7 +3,8 @@
 `diff_analyses(a, b)` compares two diagnoses (or `moetune.analysis.Analysis` objects, whose audits
 are compared too); `diff_ledger_runs` two runs a tune ledger recorded. Pure functions over
 documents: nothing is read here. Step time is the slowest rank's per step; its noise is half the
-range over the analysed steps, and a change is called a change only beyond both runs' noise.
+range over the analysed steps (unknown with one step), and a change is called a change only
+beyond both runs' noise.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ MODEL_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_hea
 
 
 def step_stats(values: Sequence[float]) -> dict[str, Any]:
-    """Median, range and noise (half the range; 0 with one value) of step times in seconds."""
+    """Median, range and noise (half the range) of step times in seconds. One step shows no
+    variation, so its noise is unknown (None), not zero."""
     xs = sorted(float(v) for v in values if v is not None)
     if not xs:
         return {"n": 0, "median_s": None, "min_s": None, "max_s": None, "noise_s": None}
+    noise = round((xs[-1] - xs[0]) / 2, 6) if len(xs) >= 2 else None
     return {"n": len(xs), "median_s": round(statistics.median(xs), 6), "min_s": round(xs[0], 6),
-            "max_s": round(xs[-1], 6), "noise_s": round((xs[-1] - xs[0]) / 2, 6)}
+            "max_s": round(xs[-1], 6), "noise_s": noise}
 
 
 def _step_times(diag: Mapping[str, Any]) -> list[float]:
@@ -51,18 +54,30 @@ def _step_times(diag: Mapping[str, Any]) -> list[float]:
     return [by[k] for k in sorted(by)]
 
 
+def noise_unknown(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    """Why the two runs' noise is unknown (a side with fewer than two steps), else None."""
+    short = [f"{side} has {x.get('n') or 0} analysed step{'s' if (x.get('n') or 0) != 1 else ''}"
+             for side, x in (("A", a), ("B", b)) if x.get("noise_s") is None]
+    return (" and ".join(short) + ": step-to-step noise is unknown") if short else None
+
+
 def step_delta(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    """`step_time` block: a, b, delta, gain (a/b − 1) and the slowdown beyond both noises."""
+    """`step_time` block: a, b, delta, gain (a/b − 1) and the slowdown beyond both noises; with
+    a side's noise unknown neither "beyond the noise" nor the slowdown beyond it can be said
+    (None), and `noise_unknown` says why."""
     out: dict[str, Any] = {"a": dict(a), "b": dict(b), "delta_s": None, "delta_pct": None,
-                           "speedup": None, "beyond_noise": None, "slower_beyond_noise_pct": None}
+                           "speedup": None, "beyond_noise": None, "slower_beyond_noise_pct": None,
+                           "noise_unknown": noise_unknown(a, b)}
     ma, mb = a.get("median_s"), b.get("median_s")
     if not ma or not mb:
         return out
     d = mb - ma
-    noise = (a.get("noise_s") or 0.0) + (b.get("noise_s") or 0.0)
     out |= {"delta_s": round(d, 6), "delta_pct": round(100 * d / ma, 2),
-            "speedup": round(ma / mb - 1, 4), "beyond_noise": abs(d) > noise,
-            "slower_beyond_noise_pct": round(100 * max(0.0, d - noise) / ma, 2)}
+            "speedup": round(ma / mb - 1, 4)}
+    if out["noise_unknown"] is None:
+        noise = a["noise_s"] + b["noise_s"]
+        out |= {"beyond_noise": abs(d) > noise,
+                "slower_beyond_noise_pct": round(100 * max(0.0, d - noise) / ma, 2)}
     return out
 
 
@@ -184,16 +199,28 @@ def _memory(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _set_change(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:
+def _set_change(a: Sequence[int] | None, b: Sequence[int] | None) -> dict[str, Any]:
+    """Ranks on each side, which are new, which gone; None for a side with no verdict (and then
+    nothing can be said new or gone)."""
+    if a is None or b is None:
+        return {"a": None if a is None else sorted(a), "b": None if b is None else sorted(b),
+                "new": None, "gone": None}
     return {"a": sorted(a), "b": sorted(b), "new": sorted(set(b) - set(a)),
             "gone": sorted(set(a) - set(b))}
+
+
+def _stragglers(c: Mapping[str, Any]) -> list[int] | None:
+    """A cross-rank view's flagged ranks; None without a verdict (no view, or unobservable)."""
+    st = c.get("stragglers") or {}
+    return None if not st or "unobservable" in st else list(st.get("ranks") or [])
 
 
 def _cross_rank(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | None:
     """Both sides' cross-rank views (`cross_rank`, the many-ranks path) side by side: rank count,
     step-time spread over ranks, stragglers and overloaded EP ranks (which are new, which gone),
     arrival skew per process-group role, the ranks the median step's path crosses. None when
-    neither side has one; a side without one reads as empty."""
+    neither side has one; a side without one reads as empty, but as no verdict (null) for
+    stragglers, as one whose stragglers are unobservable."""
     ca, cb = a.get("cross_rank") or {}, b.get("cross_rank") or {}
     if not (ca or cb):
         return None
@@ -207,8 +234,7 @@ def _cross_rank(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | 
     return {
         "ranks": _pair(ca.get("ranks"), cb.get("ranks"), 0),
         "step_time_s": {k: _pair(sa.get(k), sb.get(k)) for k in ("p50", "p90", "max")},
-        "stragglers": _set_change((ca.get("stragglers") or {}).get("ranks") or [],
-                                  (cb.get("stragglers") or {}).get("ranks") or []),
+        "stragglers": _set_change(_stragglers(ca), _stragglers(cb)),
         "overloaded_ep_ranks": _set_change(over(ca), over(cb)),
         "arrival_skew_p50_s": {
             role: _pair(((ra.get(role) or {}).get("skew_s") or {}).get("p50"),

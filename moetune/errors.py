@@ -37,3 +37,11 @@ class GateFailed(Exception):
     """A check the user asked for failed (e.g. an audit found a contradicted claim): exit code 1."""
 
     exit_code = 1
+
+
+class GateUndecided(GateFailed):
+    """A check the user asked for could not be decided from the input (e.g. `diff
+    --fail-if-slower` with a run's noise unknown, an audit that could check no claim): exit code
+    3, so that a CI job tells "cannot say" from "passed" (0) and "failed" (1)."""
+
+    exit_code = 3

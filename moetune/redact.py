@@ -28,8 +28,8 @@ _DEVICE_KEYS = frozenset({"id", "name", "totalGlobalMem", "computeMajor", "compu
 _DIST_KEYS = frozenset({"backend", "rank", "world_size", "pg_count", "nccl_version"})
 _PG_KEYS = frozenset({"pg_name", "pg_desc", "backend_config", "pg_size", "ranks"})
 
-# Credential shapes: provider prefixes, JWTs, bearer headers, key=value assignments of secret-ish
-# names. Matched anywhere in a string; the whole match is replaced.
+# Credential shapes: provider prefixes, JWTs, bearer headers. Matched anywhere in a string; the
+# whole match is replaced.
 _PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
     r"\bhf_[A-Za-z0-9]{16,}",
     r"\bgh[pousr]_[A-Za-z0-9]{20,}",
@@ -39,9 +39,15 @@ _PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
     r"\bxox[abposr]-[A-Za-z0-9\-]{10,}",
     r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
     r"(?i)\bbearer\s+[A-Za-z0-9._~+/\-]+=*",
-    r"(?i)\b[\w.\-]*(?:password|passwd|pwd|token|secret|api[_-]?key|access[_-]?key|auth)"
-    r"[\w.\-]*\s*[=:]\s*(?:\"[^\"]*\"|'[^']*'|[^\s,;&]+)",
 ))
+# `NAME=value` / `NAME: value` where NAME ends in a secret word (HF_TOKEN, DB_PASSWORD,
+# AWS_SECRET_ACCESS_KEY, client_secret): the value is replaced, the name kept. A name that only
+# contains one (moe_token_dispatcher_type, tokenizer_type, moe_token_drop_policy: Megatron
+# arguments, where "token" is the model's unit of text) is not a credential.
+_ASSIGNMENT = re.compile(
+    r"(?i)\b([\w.\-]*(?:password|passwd|pwd|token|secret|api[_-]?key|access[_-]?key"
+    r"|private[_-]?key|auth|authorization|credentials?))(\s*[=:]\s*)"
+    r"(?:\"[^\"]*\"|'[^']*'|[^\s,;&]+)")
 _URL_USERINFO = re.compile(r"(?i)(?<=://)[^/\s:@]+:[^/\s@]+@")  # user:password@ in URLs
 # long runs of a base64 alphabet; `_` and `-` split runs so that kernel and op names
 # (nvjet_sm90_tst_64x8_…) are never one token
@@ -74,6 +80,7 @@ def redact_text(s: str) -> str:
     """`s` with every credential-shaped substring replaced by `[redacted]`."""
     for pat in _PATTERNS:
         s = pat.sub(REDACTED, s)
+    s = _ASSIGNMENT.sub(lambda m: m.group(1) + m.group(2) + REDACTED, s)
     s = _URL_USERINFO.sub(REDACTED + "@", s)
     out, last = [], 0
     for m in _MANGLED.finditer(s):

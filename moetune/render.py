@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from moetune.analyzer import critical_path, device_memory, observed, ranks
+from moetune.analyzer import device_memory, observed, path_summary, ranks
 
 WALL_ORDER = ("compute", "communication", "memory", "host")
 
@@ -67,9 +67,10 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
     h = doc["host"]
     out.print(
         f"host idle {_ms(h['idle_s'])}: launch-starved {_ms(h['launch_starved_s'])}, "
-        f"sync-blocked {_ms(h['sync_blocked_s'])}, other {_ms(h['other_s'])} · "
+        f"sync-blocked {_ms(h['sync_blocked_s'])}, other {_ms(h['other_s'])}"
+        + (f" ({path_summary.HOST_IDLE_OTHER})" if h.get("other_s") else "") + " · "
         f"{h.get('kernels_per_step', 0):,.0f} kernels/step, median kernel "
-        f"{h.get('median_kernel_us', 0):,.1f} µs"
+        f"{h.get('median_kernel_us', 0):,.1f} µs", markup=False
     )
     o = doc["observed"]
     out.print(
@@ -79,7 +80,7 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
         f"recompute {_pct(o['recompute_fraction'])} of compute · offload copies {_pct(o['offload_copy_fraction'])} of step"
         + (f" · pageable copies {_pct(o['pageable_copy_fraction'])} of step" if o.get("pageable_copy_fraction") else "")
     )
-    for line in (observed.summary_lines(doc) + critical_path.summary_lines(doc)
+    for line in (observed.summary_lines(doc) + path_summary.summary_lines(doc)
                  + ranks.summary_lines(doc) + device_memory.summary_lines(doc)):
         out.print(line, markup=False)
 
@@ -207,12 +208,14 @@ def render_diff(doc: dict[str, Any], console: Console | None = None) -> None:
     def side(s: dict[str, Any]) -> str:
         if s.get("median_s") is None:
             return "—"
-        return (f"{s['median_s'] * 1e3:,.2f} ms ± {s['noise_s'] * 1e3:,.2f} "
+        noise = "noise unknown" if s["noise_s"] is None else f"{s['noise_s'] * 1e3:,.2f}"
+        return (f"{s['median_s'] * 1e3:,.2f} ms ± {noise} "
                 f"({s['n']} step{'s' if s['n'] != 1 else ''})")
 
     line = f"step time: A {side(a)} · B {side(b)}"
     if st.get("delta_pct") is not None:
-        verdict = ("within noise" if not st["beyond_noise"]
+        verdict = ("noise unknown: a change cannot be told from step-to-step variation"
+                   if st["beyond_noise"] is None else "within noise" if not st["beyond_noise"]
                    else "faster" if st["delta_s"] < 0 else "slower")
         line += f" · Δ {st['delta_pct']:+.1f} % ({verdict}; speedup {st['speedup'] * 100:+.1f} %)"
     out.print(line, markup=False)
@@ -274,8 +277,8 @@ def cross_rank_diff_lines(cr: dict[str, Any] | None) -> list[str]:
     if not cr:
         return []
 
-    def ranks(xs: list[int]) -> str:
-        return ", ".join(map(str, xs)) or "none"
+    def ranks(xs: list[int] | None) -> str:
+        return "unobservable" if xs is None else ", ".join(map(str, xs)) or "none"
 
     def change(c: dict[str, Any]) -> str:
         moved = [f"new {ranks(c['new'])}"] * bool(c["new"]) + [f"gone {ranks(c['gone'])}"] * bool(

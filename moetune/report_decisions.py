@@ -53,6 +53,9 @@ class DecisionSections:
                 f"{s.get('unobservable', 0)} unobservable"
                 + (f"; not audited: {esc(', '.join(s.get('unaudited') or []))}" if s.get("unaudited") else "")
                 + ".</p>")
+        if s.get("outcome") == "undecided":
+            body += self.missing("Undecided: no claim could be checked against this trace, so the "
+                                 "audit neither passes nor fails (moetune audit exits 3).")
         body += self.table(["claim", "claimed", "verdict", "why", "evidence"], rows, "audit")
         self.section("audit", "Audit of claims", body)
 
@@ -118,13 +121,15 @@ class DecisionSections:
         body = ""
         for w in d.get("warnings") or []:
             body += f'<p class="missing">{esc(w)}</p>'
-        verdict = ("beyond both runs' noise" if st.get("beyond_noise")
-                   else "within the runs' noise: not a change")
-        if min(a.get("n") or 0, b.get("n") or 0) < 2:
-            verdict += " (one analysed step on a side: its noise is unknown)"
+        if st.get("beyond_noise") is None:
+            verdict = (f"not decidable: {st.get('noise_unknown') or 'noise unknown'}, so a change "
+                       "cannot be told from step-to-step variation")
+        else:
+            verdict = ("beyond both runs' noise" if st["beyond_noise"]
+                       else "within the runs' noise: not a change")
 
         def pm(x: Mapping[str, Any]) -> str:
-            return f" ± {ms(x['noise_s'])}" if (x.get("n") or 0) >= 2 else ""
+            return " ± noise unknown" if x.get("noise_s") is None else f" ± {ms(x['noise_s'])}"
 
         body += (f"<p>Baseline {esc(', '.join(d['a']['inputs']))} (steps "
                  f"{esc(steps_text(d['a']['steps']))}): median step {ms(a['median_s'])}{pm(a)}; "

@@ -11,6 +11,7 @@ from typing import Any
 
 import polars as pl
 
+from moetune.analyzer.path_summary import HOST_IDLE_OTHER, path_lines
 from moetune.errors import UserError
 from moetune.redact import redact_text
 from moetune.report_data import ReportData, Timeline
@@ -195,6 +196,12 @@ class _Page(DecisionSections):
                      opacity=0.45)
         fig2.update_layout(barmode="stack", yaxis_title="ms in the median step")
         body += self.chart("walls-exposed-hidden", fig2) + "</div>"
+        h = d.get("host") or {}
+        if h.get("idle_s"):
+            body += (f"<p>Host (GPU idle) {ms(h['idle_s'])} in the median step: launch-starved "
+                     f"{ms(h.get('launch_starved_s'))}, sync-blocked {ms(h.get('sync_blocked_s'))}"
+                     f", other {ms(h.get('other_s'))}"
+                     + (f" ({esc(HOST_IDLE_OTHER)})" if h.get("other_s") else "") + ".</p>")
         self.section("walls", "Walls per step", body,
                      note="Left: each analysed step's time split by the wall that held the GPU "
                      "(exposed time; sums to the step). Right: the median step, exposed beside "
@@ -263,8 +270,10 @@ class _Page(DecisionSections):
                 "each coloured by its busiest wall; hover for counts.")
         if tl.lanes_dropped:
             notes.append(f"{tl.lanes_dropped} quieter lane(s) not shown (at most {MAX_LANES}).")
+        cp = d.get("critical_path") or {}
+        path = "".join(f"<p>{esc(line.strip())}</p>" for line in path_lines(cp)) if cp else ""
         self.section("timeline", "Median step timeline",
-                     self.chart("timeline", fig, height=height), note=" ".join(notes))
+                     self.chart("timeline", fig, height=height) + path, note=" ".join(notes))
 
     def kernels_section(self, d: Mapping[str, Any], ops: pl.DataFrame | None) -> None:
         go = self.go
@@ -361,8 +370,10 @@ class _Page(DecisionSections):
             fig2.update_layout(barmode="group", xaxis_title="arrival skew, ms")
             body += self.chart("arrival-skew", fig2, 120 + 30 * len(top))
         body += "</div>"
-        body += (f"<p>Stragglers ({esc(rk.get('straggler_rule') or '')}): "
-                 f"{esc(', '.join(f'rank {s}' for s in sorted(strag, key=int)) or 'none')}. "
+        verdict = (f"unobservable ({rk.get('stragglers_unobservable') or 'no verdict'})"
+                   if rk.get("stragglers") is None
+                   else ', '.join(f'rank {s}' for s in sorted(strag, key=int)) or 'none')
+        body += (f"<p>Stragglers ({esc(rk.get('straggler_rule') or '')}): {esc(verdict)}. "
                  f"Collective arrival skew over {esc(sk.get('instances', 0))} instances: p50 "
                  f"{ms(sk.get('p50'))}, max {ms(sk.get('max'))}.</p>")
         self.section("ranks", "Across ranks", body,

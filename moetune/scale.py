@@ -702,13 +702,7 @@ def ranks_section(s: Summaries, cross: dict[str, Any] | None) -> dict[str, Any]:
     stragglers, collective arrival skew) over every rank, from the summaries, on the clocks the
     cross-rank reduce aligned, so `ranks` speaks of all ranks as it does in-process."""
     from moetune.analyzer.collectives import match_collectives
-    from moetune.analyzer.ranks import (
-        MAD_FLOOR,
-        Z_THRESHOLD,
-        arrival_skew,
-        step_time_by_rank,
-        stragglers,
-    )
+    from moetune.analyzer.ranks import arrival_skew, step_time_by_rank, straggler_fields
 
     al = ((cross or {}).get("cross_rank") or {}).get("alignment") or {}
     offsets = {int(k): int(v) for k, v in (al.get("offsets_ns") or {}).items()}
@@ -716,13 +710,12 @@ def ranks_section(s: Summaries, cross: dict[str, Any] | None) -> dict[str, Any]:
     unlinked: dict[str, int] = {}
     matched = match_collectives(inst, offsets, unlinked)
     st = step_time_by_rank(s.steps)
-    strag, z = stragglers(st)
+    # one verdict with the cross-rank view's: ranks that no collective joins are not peers
+    why = (((cross or {}).get("cross_rank") or {}).get("stragglers") or {}).get("unobservable")
     return {
         "count": s.meta.height,
         "step_time_s_by_rank": {str(k): round(v, 9) for k, v in st.items()},
-        "stragglers": strag,
-        "straggler_rule": f"robust z > {Z_THRESHOLD} (MAD floor {MAD_FLOOR:.0%} of median)",
-        "robust_z": {str(k): v for k, v in z.items()},
+        **straggler_fields(st, unobservable=why),
         "collective_arrival_skew_s": arrival_skew(matched),
         "alignment": {"method": al.get("method", "none"),
                       "offsets_ns": {str(k): v for k, v in sorted(offsets.items())},

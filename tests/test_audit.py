@@ -183,14 +183,31 @@ def test_conditions_count_only_when_true() -> None:
     assert judge(sig, "ran", {})[0] == "unobservable"  # trace.gpu_kernels unknown: not "== 0"
 
 
+EP1 = ("EP=1: no dispatcher communication exists to observe, and no dispatcher's autograd op "
+       "(_AllToAll, FusedDispatch, HybridEPDispatch) is in the trace")
+
+
 def test_judge_order_unobservable_first_then_swap_for_negative_claims() -> None:
     sig = _sig("dispatcher-alltoall")
     facts = {"claims": {"expert_model_parallel_size": 1},
              "evidence": {"dispatcher": {"nccl_sendrecv_kernels": 5, "alltoall_host_calls": 5}},
              "trace": {"gpu_kernels": 100}}
-    assert judge(sig, "ran", facts) == ("unobservable", "EP=1: no dispatcher communication exists to observe")
+    facts["probe"] = {"a2a_ops": {"count": 0}, "flex_ops": {"count": 0}}
+    assert judge(sig, "ran", facts) == ("unobservable", EP1)
     facts["claims"] = {"expert_model_parallel_size": 8}
     assert judge(sig, "ran", facts)[0] == "confirmed"
+    # EP 1, no NCCL kernel: Megatron's _AllToAll autograd ops still show the dispatcher ran
+    ep1 = {"claims": {"expert_model_parallel_size": 1}, "trace": {"gpu_kernels": 100},
+           "evidence": {"dispatcher": {"nccl_sendrecv_kernels": 0, "alltoall_host_calls": 27,
+                                       "deepep_kernels": 0, "hybridep_kernels": 0}},
+           "probe": {"a2a_ops": {"count": 27}, "flex_ops": {"count": 0}}}
+    assert judge(sig, "ran", ep1)[0] == "confirmed"
+    assert judge(_sig("dispatcher-flex"), "ran", ep1 | {"probe": {
+        **ep1["probe"], "ncclep": {"count": 0}}})[0] == "contradicted"
+    assert judge(_sig("dispatcher-allgather"), "ran", ep1)[0] == "contradicted"
+    # Mamba's context parallelism runs _AllToAll too: with CP > 1 the ops prove nothing
+    cp = ep1 | {"claims": {"expert_model_parallel_size": 1, "context_parallel_size": 2}}
+    assert judge(sig, "ran", cp)[0] == "unobservable"
     graphs = _sig("cuda-graph-replay")
     ran = {"evidence": {"graph_launches": 4, "graph_kernels": 96, "graph_replay_rows": 0},
            "trace": {"gpu_kernels": 120}}
@@ -213,7 +230,8 @@ def test_alltoall_confirmed_on_real_nccl_all_to_all(corpus: Path) -> None:
     assert v["evidence"]["evidence.dispatcher.alltoall_host_calls"] == 96
     assert v["examples"][0]["name"] == "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)"
     # the EP size decides what the dispatcher claim can show; the trace does not test it
-    assert out["summary"] == {"confirmed": 1, "contradicted": 0, "unobservable": 0, "passed": True,
+    assert out["summary"] == {"confirmed": 1, "contradicted": 0, "unobservable": 0, "checked": 1,
+                              "outcome": "passed", "passed": True,
                               "unaudited": ["expert_model_parallel_size"]}
 
 
@@ -234,7 +252,7 @@ def test_allgather_contradicted_and_ep1_unobservable(corpus: Path) -> None:
     assert out["verdicts"]["moe_token_dispatcher_type"]["verdict"] == "contradicted"
     out = run_audit(corpus, A2A, {"moe_token_dispatcher_type": "alltoall"}, parallelism={"ep": 1})
     v = out["verdicts"]["moe_token_dispatcher_type"]
-    assert (v["verdict"], v["reason"]) == ("unobservable", "EP=1: no dispatcher communication exists to observe")
+    assert (v["verdict"], v["reason"]) == ("unobservable", EP1)  # HTA's trace: no Megatron ops
 
 
 @pytest.mark.corpus
@@ -331,13 +349,46 @@ def test_audit_can_share_the_callers_diagnosis_pass(corpus: Path) -> None:
 def test_cpu_only_trace_is_unobservable_not_an_error(corpus: Path) -> None:
     out = run_audit(corpus, CPU_ONLY, {"fp8": "e4m3", "moe_grouped_gemm": True})
     assert {v["verdict"] for v in out["verdicts"].values()} == {"unobservable"}
-    assert out["summary"]["passed"] is True
+    assert out["summary"]["passed"] is False  # nothing was checked: not a pass
+    assert (out["summary"]["outcome"], out["summary"]["checked"]) == ("undecided", 0)
+
+
+SIX_FALSE = {"cuda_graph_impl": "local", "fp8": "e4m3", "moe_grouped_gemm": True,
+             "moe_token_dispatcher_type": "flex", "recompute_granularity": "full",
+             "overlap_grad_reduce": True}
+
+
+@pytest.mark.corpus
+def test_audit_that_checked_nothing_is_undecided_not_passed(corpus: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """Six false claims against a real trace with no GPU events: every verdict is unobservable,
+    and the CI gate says it could not decide (exit 3) instead of passing (exit 0)."""
+    import json
+
+    import yaml
+
+    from moetune.cli import main
+
+    contract = tmp_path / "six.yaml"
+    contract.write_text(yaml.safe_dump({"megatron_args": SIX_FALSE}))
+    argv = ["audit", "--contract", str(contract), str(corpus / CPU_ONLY)]
+    assert main([*argv, "--json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert list(audit_validator().iter_errors(doc)) == []
+    s = doc["summary"]
+    assert (s["contradicted"], s["confirmed"], s["unobservable"]) == (0, 0, 6)
+    assert (s["checked"], s["outcome"], s["passed"]) == (0, "undecided", False)
+    assert main(argv) == 3
+    out = capsys.readouterr().out
+    assert "0 contradicted, 0 confirmed, 6 unobservable" in out
+    assert "undecided: no claim could be checked against this trace" in out
 
 
 @pytest.mark.corpus
 def test_contract_without_auditable_claims(corpus: Path) -> None:
     out = run_audit(corpus, QWEN05B, {"lr": 0.0001})
-    assert out["verdicts"] == {} and out["summary"]["passed"] is True
+    assert out["verdicts"] == {} and out["summary"]["outcome"] == "undecided"
 
 
 @pytest.mark.corpus
@@ -417,7 +468,8 @@ def test_cli_exit_codes_and_json(corpus: Path, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert list(audit_validator().iter_errors(doc)) == []
-    assert doc["summary"] == {"confirmed": 2, "contradicted": 0, "unobservable": 0, "passed": True,
+    assert doc["summary"] == {"confirmed": 2, "contradicted": 0, "unobservable": 0, "checked": 2,
+                              "outcome": "passed", "passed": True,
                               "unaudited": []}  # eager BF16 inference: no FP8, no graph replay
     bad = tmp_path / "fp8.yaml"
     bad.write_text("label: benchmark-only\nprecision: {fp8_format: e4m3}\n")
@@ -495,10 +547,12 @@ def test_gpu_trace_claims_both_ways(case: str, files: list[Path], truth: dict) -
             assert v["verdict"] == ("confirmed" if truth[key] else "contradicted"), (case, key, v)
             checked += 1
     backend = truth.get("dispatcher_backend")
-    if backend == "none":  # EP 1: nothing to observe, never "contradicted"
-        v = _verdict(trace, files, {"moe_token_dispatcher_type": "alltoall"}, "moe_token_dispatcher_type",
-                     parallelism={"ep": 1})
-        assert v["verdict"] == "unobservable"
+    if backend == "none":  # EP 1: no dispatch traffic, but the all-to-all dispatcher's autograd ops
+        for claim, want in (("alltoall", "confirmed"), ("flex", "contradicted")):
+            v = _verdict(trace, files, {"moe_token_dispatcher_type": claim},
+                         "moe_token_dispatcher_type", parallelism={"ep": 1})
+            assert v["verdict"] == want, (case, claim, v)
+            assert v["evidence"]["probe.a2a_ops.count"] > 0 == v["evidence"]["probe.flex_ops.count"]
         checked += 1
     elif backend in DISPATCH:
         holds_, false_ = DISPATCH[backend]
@@ -560,7 +614,9 @@ def test_h200_mcore_grouped_claim_is_false_on_the_local_spec() -> None:
         assert v["verdict"] == "contradicted"
         assert v["evidence"]["probe.gemms.streams"] == 1
         assert v["evidence"]["probe.gemms.stream_switch_fraction"] == 0.0
-        assert out["verdicts"]["moe_token_dispatcher_type"]["verdict"] == "unobservable"
+        # Kineto names Megatron's _AllToAll autograd ops (EP 1: no kernels); nsys has no CPU ops
+        want = "confirmed" if path.name.endswith(".json.gz") else "unobservable"
+        assert out["verdicts"]["moe_token_dispatcher_type"]["verdict"] == want
 
 
 def test_h200_multistream_experts_switch_streams_without_overlapping() -> None:

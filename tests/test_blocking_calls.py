@@ -10,9 +10,10 @@ import polars as pl
 import pytest
 from moetune.analyzer import intervals as iv
 from moetune.analyzer.classify import classify
-from moetune.analyzer.critical_path import analyze, critical_path, summary_lines
+from moetune.analyzer.critical_path import critical_path
 from moetune.analyzer.frames import EVENTS_SCHEMA, Trace, conform
 from moetune.analyzer.graph import build_graph
+from moetune.analyzer.path_summary import analyze, summary_lines
 from moetune.analyzer.readers import load_trace
 from moetune.analyzer.steps import find_steps
 
@@ -137,9 +138,11 @@ def test_ceiling_text_saturates() -> None:
                           "host": 0.183053},
         "gain_ceiling": {"compute": 7.6e-05, "communication": 0.0, "memory": 0.0,
                          "host": 10768.94},
-        "graph": {"unlinked": {}}}}
-    line = summary_lines(sec)[0]
-    assert "host 183.05 ms (ceiling >10×)" in line and "compute 0.01 ms (ceiling +0 %)" in line
+        "path_s": {"compute": 1.4e-05, "communication": 0.0, "memory": 0.0, "host": 0.183053,
+                   "other": 3e-06},
+        "replay_fidelity": 1.0, "graph": {"unlinked": {}}}}
+    line = summary_lines(sec)[1]
+    assert "host >10× (183.05 ms)" in line and "compute +0 % (0.01 ms)" in line
 
 
 # ---------------------------------------------------------------- real traces

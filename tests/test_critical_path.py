@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import jsonschema
 import polars as pl
 import pytest
-from moetune.analyzer.critical_path import (
-    analyze,
-    critical_path,
-    critical_path_section,
-    summary_lines,
-)
+from moetune.analyzer.critical_path import critical_path
 from moetune.analyzer.frames import Trace
 from moetune.analyzer.graph import build_graph
+from moetune.analyzer.path_summary import analyze, critical_path_section, summary_lines
 from moetune.analyzer.readers import load_trace
 
-SYNTH = Path(__file__).resolve().parents[1] / "fixtures/traces/synthetic_critical_path/trace.json"
+ROOT = Path(__file__).resolve().parents[1]
+SYNTH = ROOT / "fixtures/traces/synthetic_critical_path/trace.json"
 BASE_NS = 1_700_000_000_000_000_000
 US = 1_000
 
@@ -50,11 +49,18 @@ def test_synthetic_section(synth: Trace) -> None:
     sec = critical_path_section(synth)
     cp, bl = sec["critical_path"], sec["blocking"]
     assert cp["length_s"] == pytest.approx(675e-6)
+    assert cp["path_s"] == pytest.approx({"compute": 360e-6, "communication": 300e-6,
+                                          "memory": 0.0, "host": 0.0, "other": 15e-6})
+    assert cp["path_other_s"] == pytest.approx({"event_wait_gap": 10e-6, "stream_gap": 5e-6})
+    # the ceilings replay the step without the wall's time (fixture README: 667 µs untouched;
+    # compute gone 407 µs, N still waits for its launch; communication gone 518 µs, then H and
+    # B, which it hid, hold the chain; host gone 660 µs)
+    assert cp["replay_fidelity"] == pytest.approx(667 / 675, abs=1e-4)
     assert cp["recoverable_s"] == pytest.approx(
-        {"compute": 360e-6, "communication": 300e-6, "memory": 0.0, "host": 0.0})
-    assert cp["gain_ceiling"]["communication"] == pytest.approx(0.8)  # 675/375 − 1
-    assert cp["gain_ceiling"]["compute"] == pytest.approx(675 / 315 - 1, abs=1e-6)
-    assert cp["gain_ceiling"]["host"] == 0.0
+        {"compute": 675e-6 * (1 - 407 / 667), "communication": 675e-6 * (1 - 518 / 667),
+         "memory": 0.0, "host": 675e-6 * (1 - 660 / 667)}, abs=1e-9)
+    assert cp["gain_ceiling"]["communication"] == pytest.approx(667 / 518 - 1, abs=1e-5)
+    assert cp["ceiling_basis"].startswith("what-if replay")
     assert (bl["communication_blocking_s"], bl["communication_exposed_s"],
             bl["communication_hidden_s"]) == pytest.approx((200e-6, 5e-6, 103e-6))
     (edge,) = bl["edges"]
@@ -64,8 +70,80 @@ def test_synthetic_section(synth: Trace) -> None:
     assert cp["segments"][0]["name"].startswith("ncclDevKernel_AllReduce")
     assert not any(cp["graph"]["unlinked"].values())
     lines = summary_lines(sec)
-    assert lines[0].startswith("critical path 0.68 ms") and "communication 0.30 ms" in lines[0]
-    assert "blocking 0.20 ms" in lines[1]
+    assert lines[0] == ("critical path 0.68 ms (step 1, rank 0), GPU-paced: compute 0.36 ms, "
+                        "communication 0.30 ms, other 0.02 ms")
+    assert lines[1].startswith("  other 0.02 ms: the GPU waiting with no op, host call or launch")
+    assert "0.01 ms after the event it waited on was recorded" in lines[1]
+    assert lines[2].startswith("  gain ceilings (the step replayed without the wall's time): "
+                               "compute +64 % (0.26 ms), communication +29 % (0.15 ms)")
+    assert "blocking 0.20 ms" in lines[3]
+
+
+def _host_step(path: Path) -> Path:
+    """One step of one rank (µs): K1 [10, 710] and K2 [710, 1410] on stream 7, launched before
+    the step's window; cudaStreamSynchronize [20, 1412] waits for K2; then the host launches K3
+    on stream 7 [1418, 1618], an unrelated all-gather on stream 20 [1695, 1813], and only at
+    2715 K4, which runs after K3 by stream order [2720, 3170]. Every launch starts its kernel
+    5 µs later. The window is [10, 3170]: T = 3160 µs."""
+    base = 1_700_000_000_000_000
+    rows: list[dict] = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1",
+                         "pid": 4242, "tid": 4242, "ts": base, "dur": 3300, "args": {}}]
+    gemm, ag = ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_fwd",
+                "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
+    # correlation ids in call order, as CUPTI numbers them (the sync's is 3)
+    for corr, (launch, name, stream, start, dur) in zip((1, 2, 4, 5, 6), (
+            (1, gemm, 7, 10, 700), (5, gemm, 7, 710, 700), (1413, gemm, 7, 1418, 200),
+            (1690, ag, 20, 1695, 118), (2715, gemm, 7, 2720, 450)), strict=True):
+        rows.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 4242,
+                     "tid": 4242, "ts": base + launch, "dur": 4,
+                     "args": {"External id": corr, "correlation": corr}})
+        rows.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream,
+                     "ts": base + start, "dur": dur,
+                     "args": {"External id": corr, "device": 0, "context": 1, "stream": stream,
+                              "correlation": corr}})
+    rows.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 4242,
+                 "tid": 4242, "ts": base + 20, "dur": 1392,
+                 "args": {"External id": 3, "correlation": 3}})
+    rows.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7,
+                 "ts": base + 20, "dur": 1392,
+                 "args": {"External id": 3, "cuda_sync_kind": "Stream Sync", "stream": 7,
+                          "correlation": 3, "device": 0, "context": 1}})
+    doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3",
+                                                     "computeMajor": 9, "computeMinor": 0,
+                                                     "numSms": 132}],
+           "traceEvents": sorted(rows, key=lambda e: e["ts"])}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_host_ceiling_is_what_a_host_at_zero_gains(tmp_path: Path) -> None:
+    """Issue 28: host time on the path is 1,310 µs, of it 992 µs with the GPU idle; neither is
+    what a faster host gains. With the host at zero K3 (200 µs) still runs before K4, the
+    all-gather beside it; the GPU chain K1 → K2 → K3 → K4 takes 2,050 of 3,160 µs, so the ceiling
+    is 1,110 µs. The replay says so, in the JSON and on the terminal."""
+    doc, text = _diagnosis(_host_step(tmp_path / "host_step.json"))
+    cp = doc["critical_path"]
+    assert cp["length_s"] == pytest.approx(3160e-6)
+    assert cp["path_s"]["host"] == pytest.approx(1310e-6)
+    assert cp["path_s"]["compute"] == pytest.approx(1850e-6)
+    assert cp["host_gpu_busy_s"] == pytest.approx(318e-6)  # 1,310 − 992: K3 and the all-gather
+    assert cp["replay_fidelity"] == 1.0
+    assert cp["recoverable_s"]["host"] == pytest.approx(1110e-6)
+    assert cp["gain_ceiling"]["host"] == pytest.approx(3160 / 2050 - 1, abs=1e-4)
+    assert cp["recoverable_s"]["communication"] == 0.0  # the all-gather holds nothing up
+    assert "host +54 % (1.11 ms)" in text
+
+
+def _diagnosis(path: Path) -> tuple[dict, str]:
+    from tests.golden import run_cli
+
+    code, out, err = run_cli(["diagnose", "--json", str(path)])
+    assert code == 0, err
+    doc = json.loads(out)
+    jsonschema.validate(doc, json.loads((ROOT / "schemas" / "diagnosis.schema.json").read_text()))
+    code, text, err = run_cli(["diagnose", str(path)])
+    assert code == 0, err
+    return doc, text
 
 
 def test_shared_graph_gives_same_section(synth: Trace) -> None:
@@ -130,8 +208,8 @@ def test_diagnose_hook_agrees_with_walls() -> None:
     import json
 
     import jsonschema
-    from moetune.analyzer.critical_path import diagnosis_section
     from moetune.analyzer.diagnose import diagnose
+    from moetune.analyzer.path_summary import diagnosis_section
 
     doc = diagnose([SYNTH], sections=[("timeline_graph", diagnosis_section)])
     root = Path(__file__).resolve().parents[1]
@@ -182,13 +260,16 @@ def test_host_paced_path_beside_a_busy_gpu_recovers_only_the_gpu_idle(tmp_path: 
     t = cp["length_s"]
     assert cp["paced_by"] == "host"
     assert cp["path_s"]["host"] > 0.9 * t
-    assert cp["host_gpu_busy_s"] == pytest.approx(cp["path_s"]["host"] - cp["recoverable_s"]["host"])
-    assert cp["recoverable_s"]["host"] < 0.02 * t
+    assert cp["host_gpu_busy_s"] == pytest.approx(0.039)  # 39 kernels ran beside the host
+    # at zero host time the 40 kernels run back to back: 40.00 of 40.39 ms remain
+    assert cp["recoverable_s"]["host"] == pytest.approx(t - 0.040)
     assert cp["gain_ceiling"]["host"] < 0.02
+    # and without compute, only the last kernel after the host's last launch goes
+    assert cp["recoverable_s"]["compute"] == pytest.approx(0.001)
     lines = summary_lines({**sec, "dominant_wall": "compute"})
-    assert "host-paced" in lines[0] and "with the GPU idle (ceiling +1 %)" in lines[0]
-    assert lines[1].startswith("  host-paced: the CPU issues work slower than the GPU runs it")
-    assert "the rules read them" in lines[2] and "what-if estimates replay its graph" in lines[2]
+    assert "host-paced" in lines[0] and "host +1 % (0.39 ms)" in lines[1]
+    assert lines[2].startswith("  host-paced: the CPU issues work slower than the GPU runs it")
+    assert "the rules read them" in lines[3] and "what-if estimates replay its graph" in lines[3]
 
 
 def test_gpu_paced_path_when_the_cpu_runs_ahead(tmp_path: Path) -> None:
@@ -197,9 +278,10 @@ def test_gpu_paced_path_when_the_cpu_runs_ahead(tmp_path: Path) -> None:
     sec = critical_path_section(load_trace([_paced_trace(tmp_path, cpu_us=20, gpu_us=1000)]))
     cp = sec["critical_path"]
     assert cp["paced_by"] == "device"
-    assert cp["path_s"]["compute"] == pytest.approx(cp["recoverable_s"]["compute"])
     assert cp["path_s"]["compute"] > 0.95 * cp["length_s"]
-    assert len(summary_lines({**sec, "dominant_wall": "compute"})) == 1
+    # without compute the host's 40 launches, 25 µs apart, are what remains of the step
+    assert cp["recoverable_s"]["compute"] == pytest.approx(cp["length_s"] - 0.000972, abs=2e-6)
+    assert len(summary_lines({**sec, "dominant_wall": "compute"})) == 2  # path, ceilings
 
 
 def test_corpus_healthy_nsys_is_not_host_ceiling_bound(corpus: Path) -> None:
@@ -212,3 +294,23 @@ def test_corpus_healthy_nsys_is_not_host_ceiling_bound(corpus: Path) -> None:
     assert cp["paced_by"] == "host"
     assert cp["host_gpu_busy_s"] == pytest.approx(0.399, abs=2e-3)
     assert cp["gain_ceiling"]["host"] < 0.02  # was +10,000 %: T/(T − path host) − 1
+
+
+def test_every_part_of_the_path_is_printed_with_what_other_was() -> None:
+    """A real H200 step (grid_mem_mbs2_grp_rcnone_a2a_eager): the line names every part of the
+    path, `other` too, and they sum to its length; the next line says what `other` was on this
+    trace, from the JSON's path_other_s; the host wall's `other` idle says what it is."""
+    path = ROOT / "fixtures/traces/grid_mem_mbs2_grp_rcnone_a2a_eager/trace.json.gz"
+    doc, text = _diagnosis(path)
+    cp = doc["critical_path"]
+    parts = cp["path_s"]
+    assert sum(parts.values()) == pytest.approx(cp["length_s"], abs=1e-5)
+    assert parts["other"] > 0.009 and cp["path_other_s"] == {"stream_gap": parts["other"]}
+    head = next(ln for ln in text.splitlines() if ln.startswith("critical path"))
+    for w, v in parts.items():
+        if v:
+            assert f"{w} {v * 1e3:.2f} ms" in head
+    assert (f"  other {parts['other'] * 1e3:.2f} ms: the GPU waiting with no op, host call or "
+            f"launch to account for it — {parts['other'] * 1e3:.2f} ms after the previous op on "
+            "its stream ended (scheduling gap)") in text
+    assert "other 4.7 ms (its next op already launched, no host call blocking" in text

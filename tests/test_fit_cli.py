@@ -190,3 +190,62 @@ def test_the_contracts_own_recompute_is_priced_as_given():
     rung = out.plans[out.current_rank - 1].rung
     assert rung.name != "as_given" and rung.options.recompute == "full"
 
+
+
+def _on_single_gpu_nodes(name: str, tmp_path: Path, **shape: int) -> Path:
+    """The contract with one GPU per node (no intra-node TP) and its shape edited."""
+    import re
+
+    text = re.sub(r"gpus_per_node: \d+", "gpus_per_node: 1", (CONTRACTS / name).read_text())
+    for k, v in shape.items():
+        text = re.sub(rf"{k}: \d+", f"{k}: {v}", text, count=1)
+    out = tmp_path / name
+    out.write_text(text)
+    return out
+
+
+def test_context_parallel_below_the_rules_floor_is_a_cost(tmp_path: Path) -> None:
+    """CP is for ≥ 8K context with 4K–8K tokens per shard (Megatron-LM MoE README guideline 5;
+    Megatron-Bridge): below that floor each CP doubling is a cost, and the reason says so. Qwen3-30B
+    at seq 4096 on 8 single-GPU nodes ranked TP1×CP2×DP2×PP2 first (CP2: 2048 tokens per shard);
+    now the layout without CP, DP8 with full recompute, ranks first."""
+    contract = _on_single_gpu_nodes("fit_qwen3_30b_h100.yaml", tmp_path)
+    r = fit("--contract", str(contract), "--gpus", "8", "--json", "--top", "50")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    best = doc["plans"][0]
+    assert best["attention"]["cp"] == 1 and best["attention"]["dp"] == 8
+    with_cp = [p for p in doc["plans"] if p["attention"]["cp"] > 1]
+    assert with_cp
+    for p in with_cp:
+        (t,) = [t for t in p["reasons"] if t["term"].startswith("context_parallel")]
+        assert t["term"] == "context_parallel_below_floor"
+        assert t["penalty"] == pytest.approx(0.5 * (p["attention"]["cp"].bit_length() - 1))
+        assert "below the floor of the rule: CP for ≥ 8K context" in t["why"]
+    # the hostbound H200 model at seq 2048 on 8 single-GPU nodes, GBS 1: no DP, no TP, so every
+    # layout needs CP or a pipeline with one micro-batch; CP8 (256 tokens per shard) is a cost of
+    # three doublings below the floor, printed as such
+    contract = _on_single_gpu_nodes("mcore_h200_hostbound.yaml", tmp_path, seq_length=2048)
+    r = fit("--contract", str(contract), "--gpus", "8")
+    assert r.returncode == 0, r.stderr
+    assert ("+1.500 CP8: 256 tokens per CP shard, below the floor of the rule: CP for ≥ 8K "
+            "context, 4K–8K tokens per shard") in r.stdout
+    assert "seq 2048 is below the 8192-token context" in r.stdout
+
+
+def test_context_parallel_on_long_context_keeps_the_small_penalty() -> None:
+    """At 32K context CP8 keeps 4K tokens per shard: above both floors, 0.04 per doubling."""
+    from moetune.analyzer.planner.config import builtin
+    from moetune.analyzer.planner.plan import _cp_terms
+
+    wt = builtin().weight
+    ((term, penalty, why),) = _cp_terms(8, 32768, wt)
+    assert (term, why) == ("context_parallel", "CP8: 4096 tokens per CP shard (the rule: CP for ≥ "
+                           "8K context, 4K–8K tokens per shard (Megatron-LM MoE README guideline "
+                           "5; Megatron-Bridge long-context skill))")
+    assert penalty == pytest.approx(0.12)
+    # 16K context, CP8: two doublings keep ≥ 4K per shard, the third goes below
+    (fine, below) = _cp_terms(8, 16384, wt)
+    assert fine[1] == pytest.approx(0.08) and below[1] == pytest.approx(0.5)
+    assert "2048 tokens per shard is below the 4096-token shard floor" in below[2]

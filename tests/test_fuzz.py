@@ -6,8 +6,9 @@ tests/fuzz_mutate.py. Commands: `diagnose --json`, `audit`, `recommend`, `contra
 `contract from-log`, `ledger`, run through `moetune.cli.main` in a worker process under a time
 limit (tests/fuzz_runner.py). The property, per case:
 
-- no exception escapes, no hang, no crash; exit code 0 or 2, or 1 where the command documents it
-  (`audit`: a contradicted claim; `contract check`: an invalid contract);
+- no exception escapes, no hang, no crash; exit code 0 or 2, or 1 or 3 where the command
+  documents it (`audit`: 1 a contradicted claim, 3 no claim could be checked; `contract check`:
+  1 an invalid contract);
 - exit 2 prints one line (warnings aside), `moetune: …`, naming the file;
 - exit 0 with `--json` prints strict JSON (no NaN/Infinity) that validates against its schema;
 - the input file is byte-identical afterwards and no file appears beside it; a failed
@@ -74,6 +75,7 @@ SLOW_CASES = {"kineto": 3000, "nsys": 2200, "contract": 2000, "log": 1500, "ledg
 JSON_SCHEMAS = {"diagnose": "diagnosis", "audit": "audit", "recommend": "recommendation",
                 "ledger": "ledger"}
 GATE_EXIT_1 = {("audit",), ("contract", "check")}  # commands whose exit 1 is documented
+GATE_EXIT_3 = {("audit",)}  # commands whose exit 3 (the gate could not decide) is documented
 
 
 # --- seeds: real inputs -------------------------------------------------------------------------
@@ -163,8 +165,10 @@ def problems(argv: list[str], out: Outcome, inputs: list[Path]) -> list[str]:
     if out.crash:
         return [out.crash]
     found = []
-    gate = tuple(argv[:1]) in GATE_EXIT_1 or tuple(argv[:2]) in GATE_EXIT_1
-    allowed = {0, 1, 2} if gate else {0, 2}
+    allowed = {0, 2}
+    for code, gates in ((1, GATE_EXIT_1), (3, GATE_EXIT_3)):
+        if tuple(argv[:1]) in gates or tuple(argv[:2]) in gates:
+            allowed.add(code)
     if out.rc not in allowed:
         found.append(f"exit code {out.rc} (allowed {sorted(allowed)})")
     if "Traceback" in out.stderr:
@@ -513,7 +517,7 @@ def _nsys_with(*sql: str) -> Callable[[Path], None]:
 DEEP = 100_000
 FOUND: list[tuple[str, str, Any, list[str], str]] = [
     # (id, file name, bytes or a maker, argv before the file, message); exit 2 unless the message
-    # is on stdout (`out:`) or a warning (`warn:`, exit 0 or 1)
+    # is on stdout (`out:`) or a warning (`warn:`, exit 0, or a gate's 1 or 3)
     ("kineto-deep-json", "t.pt.trace.json", _trace_with(b"[" * DEEP + b"]" * DEEP),
      ["diagnose", "--json"], "nested too deeply"),
     ("kineto-deep-json-after-nan", "t.pt.trace.json",
@@ -588,7 +592,7 @@ def test_found(name: str, argv: list[str], content: Any, message: str, runner: R
     if message.startswith("out:"):
         assert out.rc == 0 and message[4:] in out.stdout, out.stderr
     elif message.startswith("warn:"):
-        assert out.rc in (0, 1) and message[5:] in out.stderr + out.stdout, out.stderr  # --json: in it
+        assert out.rc in (0, 1, 3) and message[5:] in out.stderr + out.stdout, out.stderr  # --json: in it
     else:
         assert out.rc == 2 and message in out.stderr, out.stderr
     assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == listing

@@ -10,6 +10,7 @@ import jsonschema
 import moetune.analyzer.critical_path as cp
 import pytest
 from moetune.analyzer.diagnose import diagnose
+from moetune.analyzer.path_summary import summary_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "schemas" / "diagnosis.schema.json").read_text())
@@ -52,5 +53,5 @@ def test_scope_on_nsys_loop(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_scope_line_in_terminal_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     _, part = _scoped(ROOT / "fixtures/traces/gpu_mcore_hostbound/trace.json.gz", monkeypatch)
-    lines = cp.summary_lines({k: part[k] for k in ("critical_path", "blocking")})
+    lines = summary_lines({k: part[k] for k in ("critical_path", "blocking")})
     assert any(ln.strip().startswith("graph over step 5 only (") for ln in lines), lines

@@ -156,9 +156,10 @@ def test_diagnosis_numbers_unchanged(corpus: Path) -> None:
     assert doc["step_time_s"] == 0.219732
     assert doc["walls"] == {"communication": 0.048, "compute": 0.1749, "host": 0.7737, "memory": 0.0035}
     assert doc["host"]["kernels_per_step"] == 900.0
-    # host time on the path counts as recoverable only while the GPU sat idle (issue #17 item 4):
-    # 0.219478 before that fix, which counted host time beside a busy GPU too
-    assert doc["critical_path"]["recoverable_s"]["host"] == 0.170001
+    # the host's recoverable time is the step replayed with the host at zero (issue 28 item 13):
+    # 0.219478 counted all host time on the path, 0.170001 (issue #17) only that with the GPU
+    # idle; neither is what an instant host gains
+    assert doc["critical_path"]["recoverable_s"]["host"] == 0.179598
     assert doc["blocking"]["communication_busy_s"] == 0.0123
     assert doc["blocking"]["communication_hidden_s"] == 0.00176
     assert doc["evidence"]["top_kernels"][0]["time_s"] == 0.024212

@@ -11,6 +11,7 @@ from moetune.analyzer.frames import Trace, concat_traces
 from moetune.analyzer.graph import build_graph
 from moetune.analyzer.ranks import ranks_section, stragglers, summary_lines
 
+ROOT = Path(__file__).resolve().parents[1]
 SHIFT = 123_456_789  # ns, rank 1's clock runs this far ahead
 
 
@@ -43,7 +44,8 @@ def test_alignment_recovers_shift_exactly(rank0: Trace) -> None:
     assert al.offsets_ns == {0: 0, 1: -SHIFT}
     assert al.pairs == {1: 21}  # 15 all-reduce + 6 broadcast kernels matched
     sec = ranks_section(both)["ranks"]
-    assert sec["count"] == 2 and sec["stragglers"] == []  # 2 ranks: no outlier test
+    assert sec["count"] == 2 and sec["stragglers"] is None  # 2 ranks: no outlier test
+    assert sec["stragglers_unobservable"].startswith("2 ranks with a step time")
     assert sec["step_time_s_by_rank"]["0"] == sec["step_time_s_by_rank"]["1"]
     sk = sec["collective_arrival_skew_s"]
     assert (sk["p50"], sk["max"], sk["instances"]) == (0.0, 0.0, 21)
@@ -121,3 +123,62 @@ def test_stretched_rank_is_a_straggler(rank0: Trace) -> None:
     assert sec["stragglers"] == [3]
     s = sec["step_time_s_by_rank"]
     assert s["3"] == pytest.approx(1.1 * s["0"], rel=1e-6)
+
+
+def _said(argv: list[str]) -> tuple[dict, str]:
+    """The diagnosis of `argv` as JSON (schema-checked) and its terminal text."""
+    import json
+
+    import jsonschema
+
+    from tests.golden import run_cli
+
+    code, text, err = run_cli(["diagnose", "--json", *argv])
+    assert code == 0, err
+    doc = json.loads(text)
+    jsonschema.validate(doc, json.loads((ROOT / "schemas/diagnosis.schema.json").read_text()))
+    code, text, err = run_cli(["diagnose", *argv])
+    assert code == 0, err
+    return doc, text
+
+
+def test_two_rank_export_says_unobservable_everywhere(corpus: Path) -> None:
+    """A real 2-GPU nsys export: with two ranks neither can be told apart as the outlier, so the
+    document and the terminal say unobservable and why, never "none" (issue 28)."""
+    doc, text = _said([str(corpus / "public/nsys/nsysai_2gpu_training_before.sqlite")])
+    r = doc["ranks"]
+    assert r["count"] == 2 and r["stragglers"] is None
+    why = "2 ranks with a step time: it takes 3 to tell an outlier from its peers"
+    assert r["stragglers_unobservable"] == why
+    assert f"stragglers: unobservable ({why})" in text and "stragglers: none" not in text
+
+
+@pytest.fixture(scope="module")
+def unjoined(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three ranks of one job (distributedInfo ranks 0–2 of 3) that share no collective: copies
+    of the real single-GPU hostbound trace, whose process groups hold one rank each."""
+    import gzip
+    import json
+
+    src = ROOT / "fixtures/traces/gpu_mcore_hostbound/trace.json.gz"
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    out = tmp_path_factory.mktemp("unjoined")
+    for r in range(3):
+        doc["distributedInfo"] = {**doc["distributedInfo"], "rank": r, "world_size": 3}
+        (out / f"rank{r}.pt.trace.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return out
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["in-process", "summaries"])
+def test_ranks_no_collective_joins_are_not_compared(unjoined: Path, tmp_path: Path,
+                                                    many: bool) -> None:
+    """Three ranks on no shared clock: the straggler rule has no peers to compare, in process
+    (`ranks`) and on the many-ranks path (`ranks` and `cross_rank`), JSON and terminal alike."""
+    doc, text = _said([str(unjoined), *(["--cache", str(tmp_path)] if many else [])])
+    why = "no 3 ranks joined by collectives to compare"
+    assert doc["ranks"]["stragglers"] is None and doc["ranks"]["stragglers_unobservable"] == why
+    assert f"stragglers: unobservable ({why})" in text and "stragglers: none" not in text
+    if many:
+        st = doc["cross_rank"]["stragglers"]
+        assert st["ranks"] is None and st["unobservable"] == why
+        assert f"cross-rank: 3 ranks · alignment none (2 unaligned) · stragglers: unobservable ({why})" in text

@@ -121,7 +121,22 @@ def test_two_ranks_cross_rank_and_memory(reports: dict[str, Path]) -> None:
     page = _text(reports, "ep2")
     assert {"rank-step-times", "arrival-skew", "memory", "copies"} <= set(_charts(page))
     assert "rank 1" in page and "Collective arrival skew over 62 instances" in page
+    # two ranks: no straggler verdict, and the page says why (as the terminal and JSON do)
+    assert ("Stragglers (robust z &gt; 3.5 (MAD floor 1% of median)): unobservable (2 ranks with "
+            "a step time: it takes 3 to tell an outlier from its peers).") in page
     assert "Downsampled:" in page  # the step's CPU thread has more than LANE_MAX_BOXES calls
+    # the critical path's parts, what `other` was and the gain ceilings: the terminal's lines
+    import html
+
+    from moetune.analyzer.path_summary import path_lines
+
+    doc = json.loads(run_cli(["diagnose", "--json", str(EP2)])[1])
+    lines = path_lines(doc["critical_path"])
+    assert len(lines) == 3 and lines[2].startswith("  gain ceilings")
+    for line in lines:
+        assert f"<p>{html.escape(line.strip())}</p>" in page
+    assert (f"other {doc['host']['other_s'] * 1e3:,.2f} ms (its next op already launched, no host "
+            "call blocking: launch latency or a wait the trace does not record)") in page
 
 
 def test_ledger_tune_history(reports: dict[str, Path]) -> None:
@@ -146,6 +161,10 @@ def test_baseline_side_by_side(reports: dict[str, Path]) -> None:
     assert '<section id="baseline">' in page
     assert "grouped GEMM: no → yes" in page and "Dominant wall host → compute" in page
     assert "compute.gemm.grouped_cutlass</td><td>appeared" in page
+    # one analysed step a side: no noise, so no verdict on the change (as diff's terminal says)
+    assert ("not decidable: A has 1 analysed step and B has 1 analysed step: step-to-step noise "
+            "is unknown, so a change cannot be told from step-to-step variation") in page
+    assert "beyond both runs&#x27; noise" not in page and "± noise unknown" in page
 
 
 def test_no_steps_page_says_what_is_missing(reports: dict[str, Path]) -> None:
@@ -182,7 +201,7 @@ def test_credential_in_an_op_name_is_redacted(tmp_path: Path) -> None:
     assert data.cpu_ops is not None
     assert any(n.startswith("launch --hf-token=") for n in data.cpu_ops["name"].to_list())
     page = report.render(data)
-    assert token not in page and "launch --[redacted]" in page
+    assert token not in page and "launch --hf-token=[redacted]" in page  # the name kept
 
 
 def test_without_plotly_one_line_exit_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -438,3 +457,16 @@ def test_page_renders_in_chromium(name: str, reports: dict[str, Path], browser: 
     if want["lanes"]:
         assert bars > 0
         assert any(re.search(r"at [\d.]+ ms, lasting [\d.,]+ µs", h) for h in hover), hover
+
+
+def test_audit_that_checked_nothing_says_undecided(tmp_path: Path) -> None:
+    """A real nsys export in graph-level trace mode hides the kernels the claims are about: both
+    verdicts unobservable, and the page says the audit is undecided (as `moetune audit` does,
+    exit 3) rather than showing a bare 0 contradicted."""
+    contract = tmp_path / "claims.yaml"
+    contract.write_text("megatron_args:\n  moe_grouped_gemm: true\n  fp8: e4m3\n")
+    trace = ROOT / "fixtures" / "nsys" / "h200_graphs_replay_graph.sqlite.gz"
+    page = _build(tmp_path, "undecided", [str(trace), "--contract", str(contract)]).read_text()
+    assert "0 confirmed, 0 contradicted, 2 unobservable" in page
+    assert "Undecided: no claim could be checked against this trace" in page
+    assert run_cli(["audit", "--contract", str(contract), str(trace)])[0] == 3

@@ -204,6 +204,38 @@ def fit_layout(req: Request, lay: Layout, ladder: list[Rung]) -> tuple[Rung, Mem
     return first_fit
 
 
+def _cp_terms(cp: int, seq: int, wt: Any) -> list[tuple[str, float, str]]:
+    """Context parallelism against the rule it follows (Megatron-LM MoE README, guideline 5: CP
+    for sequences of ≥ 8K tokens; Megatron-Bridge: 4K–8K tokens per shard). Each doubling of CP
+    that keeps shards at or above the shard floor on a long enough context is a small penalty; a
+    doubling below either floor is a cost (the ring's KV exchange no longer hides under the
+    shard's attention), weighed like a fit rung, so that CP below the floor ranks after layouts
+    that do not need it unless everything else costs more."""
+    per = seq // cp
+    floor_ctx = int(wt("context_parallel_min_context_tokens"))
+    floor_shard = int(wt("context_parallel_long_shard_tokens"))
+    doublings = math.log2(cp)
+    # doublings that keep each shard at or above the shard floor, on a context that wants CP
+    fine = 0.0 if seq < floor_ctx else min(doublings, max(0.0, math.log2(seq / floor_shard)))
+    below = doublings - fine
+    rule = (f"the rule: CP for ≥ {floor_ctx // 1024}K context, {floor_shard // 1024}K–"
+            f"{2 * floor_shard // 1024}K tokens per shard (Megatron-LM MoE README guideline 5; "
+            "Megatron-Bridge long-context skill)")
+    out = []
+    if fine:
+        out.append(("context_parallel", wt("context_parallel_per_doubling_long_shard") * fine,
+                    f"CP{cp}: {per} tokens per CP shard ({rule})"))
+    if below:
+        why = (f"seq {seq} is below the {floor_ctx}-token context" if seq < floor_ctx
+               else f"{per} tokens per shard is below the {floor_shard}-token shard floor")
+        out.append(("context_parallel_below_floor",
+                    round(wt("context_parallel_below_floor_per_doubling") * below, 6),
+                    f"CP{cp}: {per} tokens per CP shard, below the floor of {rule}: {why}; a cost "
+                    f"of {below:g} CP doubling(s): its communication no longer hides under "
+                    "attention"))
+    return out
+
+
 def score_terms(req: Request, lay: Layout, rung: Rung, est: MemoryEstimate
                 ) -> list[tuple[str, float, str]]:
     """(term, penalty, why) — lower total ranks higher. Weights are heuristics (planner.yaml
@@ -235,13 +267,7 @@ def score_terms(req: Request, lay: Layout, rung: Rung, est: MemoryEstimate
                       f"TP{lay.tp}: per-layer TP collectives; high TP makes MoE host-bound "
                       "(MoE README: size TP by active params)"))
     if lay.cp > 1:
-        per = w.seq_length // lay.cp
-        weight = (wt("context_parallel_per_doubling_long_shard")
-                  if per >= wt("context_parallel_long_shard_tokens")
-                  else wt("context_parallel_per_doubling_short_shard"))
-        terms.append(("context_parallel", weight * math.log2(lay.cp),
-                      f"CP{lay.cp}: {per} tokens per CP shard (MoE README: CP for ≥8K context, 4K–8K "
-                      "tokens per shard)"))
+        terms += _cp_terms(lay.cp, w.seq_length, wt)
     group = lay.ep * lay.etp
     if req.model.num_experts and group > topo.nvlink_domain:
         # share of each token's dispatch that leaves the NVLink domain: 1 − domain/(EP·ETP)

@@ -1,6 +1,8 @@
 """`moetune audit --contract FILE TRACE... [--json]`: did the claimed backends actually run?
 
-Exit 0 when nothing is contradicted, 1 when a claim is contradicted, 2 on bad input.
+Exit 0 when at least one claim was checked and none is contradicted, 1 when a claim is
+contradicted, 3 when no claim could be checked (every verdict unobservable, or nothing the audit
+tests claimed), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from moetune.analysis import analyze
 from moetune.analyzer.audit import describe_claim
-from moetune.errors import GateFailed
+from moetune.errors import GateFailed, GateUndecided
 
 MARK = {"confirmed": "confirmed   ", "contradicted": "CONTRADICTED", "unobservable": "unobservable"}
 
@@ -23,7 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="check the contract's claimed backends against trace evidence",
         description="For every feature the contract claims (CUDA graphs, dispatcher backend, FP8, "
         "grouped GEMM, fusions, recompute, offload, overlap), say whether the trace confirms it, "
-        "contradicts it, or cannot show it — with the evidence. Exit 1 if anything is contradicted.",
+        "contradicts it, or cannot show it — with the evidence. Exit 1 if anything is contradicted, "
+        "3 if no claim could be checked (undecided).",
     )
     p.add_argument("--contract", required=True, help="contract file (YAML or JSON)")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto .json[.gz] / nsys .sqlite files or directories")
@@ -39,8 +42,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1, sort_keys=False))
     else:
         sys.stdout.write(render(doc))
-    if not doc["summary"]["passed"]:
+    s = doc["summary"]
+    if s["outcome"] == "failed":
         raise GateFailed("")
+    if s["outcome"] == "undecided":
+        raise GateUndecided("")
     return 0
 
 
@@ -66,6 +72,9 @@ def render(doc: dict[str, Any]) -> str:
         f"{s['contradicted']} contradicted, {s['confirmed']} confirmed, {s['unobservable']} unobservable"
         + ("" if doc["verdicts"] else " (the contract claims nothing the audit tests)")
     )
+    if s["outcome"] == "undecided":
+        lines.append("undecided: no claim could be checked against this trace, so the audit "
+                     "neither passes nor fails (exit 3)")
     if s.get("unaudited"):
         lines.append(f"not audited ({len(s['unaudited'])}: no signature tests these claims): "
                      + ", ".join(s["unaudited"]))

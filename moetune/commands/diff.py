@@ -12,7 +12,7 @@ from typing import Any
 
 from moetune import scale
 from moetune.commands import reference_args
-from moetune.errors import GateFailed, UserError, read_user_text
+from moetune.errors import GateFailed, GateUndecided, UserError, read_user_text
 
 CONTRACT_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -40,7 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="rows per table (classes, kernels, ops) by |Δ| (default 10)")
     p.add_argument("--fail-if-slower", type=float, metavar="PCT",
                    help="exit 1 when B's step time is more than PCT %% slower than A's beyond "
-                   "the step-to-step noise of both")
+                   "the step-to-step noise of both; exit 3 when it is more than PCT %% slower "
+                   "but a run's noise is unknown (one analysed step): undecided")
     p.add_argument("--json", action="store_true", help="print only the diff document (JSON)")
     scale.add_arguments(p)
     return p
@@ -144,12 +145,25 @@ def run(args: argparse.Namespace) -> int:
         for label, _, mapped in many:  # how each many-ranks side was read
             print("\n".join(f"{label}: {line}" for line in scale.summary_lines(mapped)))
     render_warnings(doc["warnings"])
-    gate = args.fail_if_slower
-    if gate is not None:
-        slower = doc["step_time"]["slower_beyond_noise_pct"]
-        if slower is None:
-            raise UserError("--fail-if-slower: no step time on one side to compare")
-        if slower > gate:
-            raise GateFailed(f"B is {slower:.1f} % slower than A beyond the noise "
-                             f"(limit {gate:g} %)")
+    if args.fail_if_slower is not None:
+        gate(doc["step_time"], args.fail_if_slower)
     return 0
+
+
+def gate(st: dict[str, Any], limit: float) -> None:
+    """`--fail-if-slower`: GateFailed (exit 1) when B is more than `limit` % slower than A
+    beyond both runs' noise; GateUndecided (exit 3) when B is slower than that but a run's noise
+    is unknown (one analysed step), so the slowdown may be noise. The slowdown beyond the noise
+    never exceeds the measured one: a measured slowdown within the limit passes whatever the
+    noise."""
+    if st["delta_pct"] is None:
+        raise UserError("--fail-if-slower: no step time on one side to compare")
+    slower = st["slower_beyond_noise_pct"]
+    if slower is None:  # noise unknown
+        if st["delta_pct"] > limit:
+            raise GateUndecided(f"cannot decide: B is {st['delta_pct']:.1f} % slower than A, but "
+                                f"{st['noise_unknown']}, so this may be noise (limit {limit:g} %); "
+                                "analyse at least 2 steps of each run")
+        return
+    if slower > limit:
+        raise GateFailed(f"B is {slower:.1f} % slower than A beyond the noise (limit {limit:g} %)")
