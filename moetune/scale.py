@@ -393,6 +393,7 @@ def _on_dask(files: list[Path], todo: list[int], cache: Path, okey: str, opts: S
         futures = {}
         run = uuid.uuid4().hex[:12]  # keys unique to this run: a shared scheduler never
         # hands one run's result to another that mapped a file at the same position
+        _reset_peaks(client)
         for i in todo:
             fut = client.submit(_map_one, str(files[i]), i, str(cache), okey, opts.window,
                                 opts.step_range, pure=False, key=f"moetune-map-{run}-{i}")
@@ -502,6 +503,19 @@ def _scheduler_address(distributed: Any, opts: ScaleOptions) -> str:
     return address
 
 
+def _reset_peaks(client: Any) -> None:
+    """Start every worker's peak from its resident memory now, so the peak is this run's."""
+    with contextlib.suppress(Exception):  # a measurement, never a reason to fail the run
+        client.run(_reset_peak_rss)
+
+
+def _reset_peak_rss() -> None:
+    # a spawned worker inherits its parent's high-water mark across fork and exec;
+    # Linux ≥ 4.0 resets it to the current RSS on "5" (proc(5), clear_refs)
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
 def _worker_peaks(client: Any) -> dict[str, int]:
     """Peak resident memory of every worker process (bytes), as its kernel counted it."""
     try:
@@ -511,6 +525,13 @@ def _worker_peaks(client: Any) -> dict[str, int]:
 
 
 def _peak_rss() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
