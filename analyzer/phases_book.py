@@ -49,7 +49,12 @@ class Signature:
 
     @property
     def definite(self) -> bool:
-        return len(self.phases) == 1
+        """One phase and not weak; a weak one-phase signature is read like an ambiguous one."""
+        return len(self.phases) == 1 and not self.weak
+
+    @property
+    def ambiguous(self) -> bool:
+        return len(self.phases) > 1 or (len(self.phases) == 1 and self.weak)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +147,7 @@ def range_labels(names: pl.DataFrame, book: PhaseBook) -> pl.DataFrame:
     hit = {i: match_expr(s.ranges) for i, s in sigs}
     out = names.with_columns(
         _first([(i, hit[i]) for i, s in sigs if s.definite]).alias("def_sig"),
-        _first([(i, hit[i]) for i, s in sigs if len(s.phases) > 1]).alias("amb_sig"),
+        _first([(i, hit[i]) for i, s in sigs if s.ambiguous]).alias("amb_sig"),
         (pl.any_horizontal([hit[i] for i, s in sigs if s.boundary])
          if any(s.boundary for _, s in sigs) else pl.lit(False)).alias("boundary"),
     )
@@ -177,7 +182,7 @@ def kernel_labels(keys: pl.DataFrame, book: PhaseBook) -> pl.DataFrame:
     sig = book.signatures
     return keys.with_columns(
         _first([(i, c) for i, c in conds if sig[i].definite]).alias("def_sig"),
-        _first([(i, c) for i, c in conds if len(sig[i].phases) > 1]).alias("amb_sig"),
+        _first([(i, c) for i, c in conds if sig[i].ambiguous]).alias("amb_sig"),
         (pl.any_horizontal([c for i, c in conds if sig[i].boundary])
          if any(sig[i].boundary for i, _ in conds) else pl.lit(False)).alias("boundary"),
     )

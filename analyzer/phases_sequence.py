@@ -339,8 +339,8 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
             src[r.start:r.stop] = r.src
             layer[r.start:r.stop] = -1 if r.layer is None else r.layer
         start = stop
-    items = items.with_columns(pl.Series("phase", phase, dtype=pl.String),
-                               pl.Series("source", src, dtype=pl.String),
+    items = items.with_columns(pl.Series("phase", phase.tolist(), dtype=pl.String),
+                               pl.Series("source", src.tolist(), dtype=pl.String),
                                pl.Series("_seq_layer", layer, dtype=pl.Int32))
     return _layers(items, passes, layers_per_pass)
 
@@ -375,13 +375,17 @@ def resolve_stream(runs: list[_Run], book: PhaseBook, layers_per_pass: int | Non
     return counts
 
 
+MERGE_RUNS = 4  # a block of no kind this short is part of the next (a QK norm inside attention)
+
+
 def _blocks(runs: list[_Run], book: PhaseBook) -> list[tuple[object, list[_Run]]]:
-    """Runs cut at boundaries; a block of no kind is read with the next (the last with the one
-    before it)."""
+    """Runs cut at boundaries; a short block of no kind is read with the next (at the end, with
+    the one before it); a longer one stays a block of no kind (a model that is not a transformer:
+    its labelled work stands, the rest is `other`)."""
     raw: list[list[_Run]] = []
     prev_b: object = None
     for r in runs:
-        if r.boundary is not None and r.boundary != prev_b or not raw:
+        if (r.boundary is not None and r.boundary != prev_b) or not raw:
             raw.append([r])
         else:
             raw[-1].append(r)
@@ -391,7 +395,7 @@ def _blocks(runs: list[_Run], book: PhaseBook) -> list[tuple[object, list[_Run]]
     for b in raw:
         b = carry + b
         carry = []
-        if _kind(b, book) is None:
+        if _kind(b, book) is None and len(b) <= MERGE_RUNS:
             carry = b
         else:
             merged.append(b)
@@ -489,7 +493,12 @@ def _resolve_block(block: list[_Run], kind, spreads: dict[str, bool]) -> None:
                 p.phase, p.src = ph, "sequence"
             pending = []
     for p in pending:
-        p.phase, p.src = (seq[0], "sequence") if seq else ("other", None)
+        p.phase, p.src = ((seq[0], "sequence") if seq and spreads.get(seq[0], True)
+                          else ("other", None))
+    if kind is None:  # no pass to read the block by: what no signature names is unattributed
+        for r in block:
+            if r.definite is None:
+                r.phase, r.src = "other", None
 
 
 def _layers(items: pl.DataFrame, passes: dict[int, dict[str, list[int]]],

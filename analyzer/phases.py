@@ -1,0 +1,214 @@
+"""The diagnosis' `phases` and `rank_breakdown` sections: where each layer's time goes, per phase.
+
+The phases of each rank's median step (analyzer/phases.yaml, labelled by
+analyzer/phases_sequence.py, timed by analyzer/phases_table.py), averaged over the ranks like the
+walls: one row per phase that ran (its source, GPU busy / exposed / hidden time, the GPU idle time
+spent waiting for it, its share of the step, forward / backward / recompute split, kernels,
+launches and the host time issuing it) and, where the layers can be told apart, one row per
+phase and layer. `rank_breakdown`: each rank's median step split HTA-style (compute,
+communication, memory, host: the GPU starved by launches, idle: the rest of the GPU's idle time)
+with its phases, and the phase the slowest rank loses its time in.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+import polars as pl
+from moetune.analyzer.classify import load_classes
+from moetune.analyzer.phases_book import PhaseBook, load_phases
+from moetune.analyzer.phases_sequence import Labelled, label_items, windows
+from moetune.analyzer.phases_table import TAIL, phase_times
+
+NS = 1e-9
+DIRECTIONS = ("forward", "backward", "recompute")
+
+
+def diagnosis_section(trace: Any, steps: Any, ctx: Any) -> dict[str, Any]:
+    """`diagnose.Section`: the `phases` and `rank_breakdown` sections of the median steps."""
+    book = load_phases()
+    classes = getattr(ctx, "classes", None) or load_classes()
+    table = steps.table if hasattr(steps, "table") else steps
+    win = windows(table, ctx.median)
+    formats = {int(r): str(f or "kineto") for r, f in trace.ranks.select("rank", "format").iter_rows()}
+    lab = label_items(ctx.events, win, book=book, classes=classes, comms=trace.comms,
+                      recompute=ctx.recompute, formats=formats,
+                      layers_per_pass=layers_per_stage(ctx.contract))
+    add, busy = phase_times(lab.items, win)
+    return {"phases": phases_document(add, busy, win, book=book, labelled=lab),
+            "rank_breakdown": rank_breakdown(ctx.median, add)}
+
+
+def layers_per_stage(contract: Mapping[str, Any] | None) -> int | None:
+    """Transformer layers one pipeline stage (or virtual stage) runs, from the contract."""
+    if not contract:
+        return None
+    from moetune.analyzer.contract import effective_args
+
+    a = effective_args(contract)
+    try:
+        n = int(a["num_layers"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    pp = int(a.get("pipeline_model_parallel_size") or 1)
+    vpp = int(a.get("virtual_pipeline_model_parallel_size") or 1)
+    per = n // max(pp * vpp, 1)
+    return per if per >= 1 and per * pp * vpp == n else None
+
+
+def _order(book: PhaseBook) -> dict[str, int]:
+    return {p: i for i, p in enumerate((*book.names, TAIL))}
+
+
+def phases_document(add: pl.DataFrame, busy: pl.DataFrame, win: pl.DataFrame, *,
+                    book: PhaseBook, labelled: Labelled) -> dict[str, Any]:
+    ranks = win.height
+    step_ns = float((win.get_column("win_end_ns") - win.get_column("win_start_ns")).sum()) / max(ranks, 1)
+    layers = _layers(labelled)
+    rows = _rows(add, busy.filter(pl.col("by") == "phase"), ["phase"], ranks, step_ns, book)
+    by_dir = busy.filter(pl.col("by") == "direction")
+    for r in rows:
+        d = by_dir.filter(pl.col("phase") == r["phase"])
+        r["busy_by_direction_s"] = {
+            k: float(d.filter(pl.col("direction") == k).get_column("busy_ns").sum() or 0) / max(ranks, 1) * NS
+            for k in DIRECTIONS}
+    doc: dict[str, Any] = {
+        "source": book.source,
+        "ranks": ranks,
+        "step_time_s": step_ns * NS,
+        "rows": rows,
+        "layers": layers,
+        "not_found": [p.phase for p in book.phases
+                      if p.part != "step" and p.phase not in {r["phase"] for r in rows}],
+    }
+    if layers["distinguishable"]:
+        doc["by_layer"] = _rows(add.filter(pl.col("layer").is_not_null()),
+                                busy.filter(pl.col("by") == "layer"), ["phase", "layer"], ranks,
+                                step_ns, book)
+    return doc
+
+
+def _rows(add: pl.DataFrame, busy: pl.DataFrame, by: list[str], ranks: int, step_ns: float,
+          book: PhaseBook) -> list[dict[str, Any]]:
+    if add.height == 0:
+        return []
+    n = max(ranks, 1)
+    step = pl.col("exposed_ns") + pl.col("idle_ns")
+    totals = add.group_by(by).agg(
+        pl.col("exposed_ns").sum(), pl.col("idle_ns").sum(), pl.col("kernels").sum(),
+        pl.col("launches").sum(), pl.col("host_ns").sum(),
+        *[step.filter(pl.col("direction") == d).sum().alias(f"{d}_ns") for d in DIRECTIONS])
+    srcs = (add.filter(pl.col("source").is_not_null()).group_by([*by, "source"])
+            .agg(step.sum().alias("_t")))
+    b = busy.group_by(by).agg(pl.col("busy_ns").sum())
+    t = totals.join(b, on=by, how="left", nulls_equal=True)
+    order = _order(book)
+    out = []
+    for r in t.iter_rows(named=True):
+        key = {k: r[k] for k in by}
+        src = srcs.filter(pl.all_horizontal([pl.col(k) == v for k, v in key.items()]))
+        total = float(src.get_column("_t").sum() or 0)
+        by_src = {s: (v / total if total > 0 else 0.0)
+                  for s, v in sorted(src.select("source", "_t").iter_rows(), key=lambda x: -x[1])}
+        st = (r["exposed_ns"] + r["idle_ns"]) / n
+        bz = (r["busy_ns"] or 0) / n
+        ex = r["exposed_ns"] / n
+        phase = r["phase"]
+        row: dict[str, Any] = {
+            **({"layer": int(r["layer"])} if "layer" in key else {}),
+            "phase": phase,
+            "title": book.phase(phase).title if phase in book.names else "GPU idle after the step's last work",
+            "source": next(iter(by_src), "gap" if phase == TAIL else None),
+            "sources": by_src,
+            "busy_s": bz * NS,
+            "exposed_s": ex * NS,
+            "hidden_s": max(bz - ex, 0.0) * NS,
+            "idle_s": r["idle_ns"] / n * NS,
+            "step_s": st * NS,
+            "share": st / step_ns if step_ns > 0 else 0.0,
+            "kernels": r["kernels"] / n,
+            "launches": r["launches"] / n,
+            "host_s": r["host_ns"] / n * NS,
+            **{f"{d}_s": (r[f"{d}_ns"] or 0) / n * NS for d in DIRECTIONS},
+        }
+        out.append(row)
+    out.sort(key=lambda x: (x.get("layer", 0), order.get(x["phase"], len(order))))
+    return out
+
+
+def _layers(lab: Labelled) -> dict[str, Any]:
+    """Whether the layers can be told apart: by the layer modules' own numbers (stack), or when
+    each forward and backward pass of every rank counts the same layers (sequence)."""
+    if lab.layer_source == "stack":
+        n = lab.items.get_column("layer").drop_nulls().n_unique()
+        return {"distinguishable": n >= 1, "source": "stack", "count": n or None,
+                "why": None if n else "no layer module ranges"}
+    counts = [c for per in lab.passes.values() for d in ("forward", "backward")
+              for c in per.get(d, [])]
+    if lab.layer_source is None or not counts:
+        return {"distinguishable": False, "source": None, "count": None,
+                "why": "no layer structure found (no norms or layer ranges between the phases)"}
+    if len(set(counts)) != 1 or counts[0] < 1:
+        return {"distinguishable": False, "source": lab.layer_source, "count": None,
+                "why": f"passes show different layer counts ({', '.join(map(str, sorted(set(counts))))})"}
+    return {"distinguishable": True, "source": lab.layer_source, "count": counts[0], "why": None}
+
+
+def rank_breakdown(median: pl.DataFrame, add: pl.DataFrame) -> dict[str, Any]:
+    """Per rank (its median step): compute / communication / memory / host / idle and phases;
+    with several ranks, the slowest rank's extra time over the median rank and the phase it is in."""
+    per_phase = (add.group_by("rank", "phase").agg((pl.col("exposed_ns") + pl.col("idle_ns")).sum()
+                                                   .alias("t")))
+    rows = []
+    for r in median.sort("rank").iter_rows(named=True):
+        ph = {p: t * NS for p, t in per_phase.filter(pl.col("rank") == r["rank"])
+              .select("phase", "t").iter_rows()}
+        rows.append({
+            "rank": int(r["rank"]), "step": int(r["step"]), "step_s": r["wall_ns"] * NS,
+            "compute_s": r["compute_exposed_ns"] * NS,
+            "communication_s": r["comm_exposed_ns"] * NS,
+            "memory_s": r["mem_exposed_ns"] * NS,
+            "host_s": r["launch_starved_ns"] * NS,
+            "idle_s": (r["idle_ns"] - r["launch_starved_ns"]) * NS,
+            "phases": dict(sorted(ph.items())),
+        })
+    doc: dict[str, Any] = {"ranks": rows, "slowest": None}
+    if len(rows) >= 2:
+        slow = max(rows, key=lambda x: (x["step_s"], -x["rank"]))
+        med = statistics.median(x["step_s"] for x in rows)
+        names = sorted({p for x in rows for p in x["phases"]})
+        extra = {p: slow["phases"].get(p, 0.0) - statistics.median(x["phases"].get(p, 0.0) for x in rows)
+                 for p in names}
+        worst = max(extra, key=lambda p: (extra[p], p)) if extra else None
+        doc["slowest"] = {"rank": slow["rank"], "extra_s": slow["step_s"] - med,
+                          "phase": worst, "phase_extra_s": extra.get(worst) if worst else None}
+    return doc
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:,.2f} ms"
+
+
+def summary_lines(doc: Mapping[str, Any]) -> list[str]:
+    """Lines after the phase table: layers, what was not found, the slowest rank."""
+    ph = doc.get("phases") or {}
+    if not ph:
+        return []
+    lines = []
+    lay = ph.get("layers") or {}
+    if lay.get("distinguishable"):
+        lines.append(f"layers: {lay['count']} per pass, told apart by {lay['source']}")
+    elif lay.get("why"):
+        lines.append(f"layers: not told apart ({lay['why']})")
+    if ph.get("not_found"):
+        lines.append("phases not seen in this trace: " + ", ".join(ph["not_found"]))
+    slow = (doc.get("rank_breakdown") or {}).get("slowest")
+    if slow and slow.get("phase") and slow["extra_s"] > 0:
+        lines.append(f"slowest rank {slow['rank']}: +{_ms(slow['extra_s'])} over the median rank, "
+                     f"most of it in {slow['phase']} (+{_ms(slow['phase_extra_s'])})")
+    return lines
