@@ -46,6 +46,7 @@ class Signature:
     boundary: bool
     marker: bool
     weak: bool = False
+    closes: bool = False
 
     @property
     def definite(self) -> bool:
@@ -102,7 +103,8 @@ def _load(path: str) -> PhaseBook:
         phases=tuple(Phase(p["phase"], p["title"], p["part"], p.get("flops"), p.get("spreads", True))
                      for p in doc["phases"]),
         signatures=tuple(Signature(tuple(s["phases"]), s.get("ranges"), s.get("kernels"),
-                                   bool(s.get("boundary")), bool(s.get("marker")), bool(s.get("weak")))
+                                   bool(s.get("boundary")), bool(s.get("marker")), bool(s.get("weak")),
+                                   bool(s.get("closes")))
                          for s in doc["signatures"]),
         blocks=tuple(Block(b["kind"], frozenset(b["when"]), tuple(b["sequence"]),
                            tuple((k, frozenset(v)) for k, v in (b.get("requires") or {}).items()))

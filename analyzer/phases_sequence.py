@@ -271,6 +271,7 @@ class _Run:
     definite: str | None
     cands: tuple[str, ...] | None
     weak: bool          # the ambiguous label never sets a block's kind
+    closes: bool        # the definite label's phase ends here
     boundary: object    # a hashable key, or None
     source: str | None
     phase: str | None = None
@@ -323,12 +324,14 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
             d = sig[defs[i]].phases[0] if defs[i] != NONE else None
             c = sig[ambs[i]].phases if (d is None and ambs[i] != NONE) else None
             w = c is not None and sig[ambs[i]].weak
+            cl = d is not None and sig[defs[i]].closes
             s = dsrc[i] if d is not None else None
             r = runs[-1] if runs else None
-            if r is not None and (r.definite, r.cands, r.boundary, r.source) == (d, c, bnds[i], s):
+            if r is not None and not cl and not r.closes and (
+                    r.definite, r.cands, r.boundary, r.source) == (d, c, bnds[i], s):
                 r.stop = i + 1
             else:
-                runs.append(_Run(i, i + 1, d, c, w, bnds[i], s))
+                runs.append(_Run(i, i + 1, d, c, w, cl, bnds[i], s))
         counts = resolve_stream(runs, book, layers_per_pass)
         rank, _, st = keys[start]
         if st != 1:
@@ -353,6 +356,8 @@ def resolve_stream(runs: list[_Run], book: PhaseBook, layers_per_pass: int | Non
     spreads = {p.phase: p.spreads for p in book.phases}
     counts: list[int] = []
     layer, prev, seen_pass = 0, None, False
+    prev_kind: str | None = None
+    prev_phase: str | None = None
     for kind, block in blocks:
         if kind is not None and kind.kind == "embedding":
             if seen_pass or layer:
@@ -365,7 +370,12 @@ def resolve_stream(runs: list[_Run], book: PhaseBook, layers_per_pass: int | Non
             prev = kind.kind
         elif kind is not None and kind.kind == "loss":
             prev = "loss"
-        _resolve_block(block, kind, spreads)
+        # an MLP part's leading norm closes the attention before it (Megatron's pre-MLP norm)
+        before = prev_phase if (kind is not None and kind.kind in ("moe", "dense")
+                                and prev_kind == "attention") else None
+        _resolve_block(block, kind, spreads, before)
+        prev_kind = kind.kind if kind is not None else None
+        prev_phase = next((r.phase for r in reversed(block) if r.phase), None)
         if kind is not None and kind.kind in LAYER_KINDS:
             n = layer if not layers_per_pass else (layer - 1) % layers_per_pass + 1
             for r in block:
@@ -446,7 +456,8 @@ def _sequence(block: list[_Run], kind) -> tuple[str, ...]:
     return seq
 
 
-def _resolve_block(block: list[_Run], kind, spreads: dict[str, bool]) -> None:
+def _resolve_block(block: list[_Run], kind, spreads: dict[str, bool], before: str | None = None
+                   ) -> None:
     """Phases along the block's sequence: a definite label stands (and moves the cursor on); an
     ambiguous one takes its first phase at or after the cursor and not past the next definite
     label's (the pass runs in order), else the nearest phase behind the cursor (a dispatcher that
@@ -458,7 +469,7 @@ def _resolve_block(block: list[_Run], kind, spreads: dict[str, bool]) -> None:
         d = block[i].definite
         nxt[i] = seq.index(d) if d in seq else nxt[i + 1]
     cursor = -1
-    last: str | None = None
+    last: str | None = before
     pending: list[_Run] = []
     for i, r in enumerate(block):
         ph: str | None = None
@@ -488,10 +499,10 @@ def _resolve_block(block: list[_Run], kind, spreads: dict[str, bool]) -> None:
             continue
         r.phase = ph
         if spreads.get(ph, True):
-            last = ph
             for p in pending:
                 p.phase, p.src = ph, "sequence"
             pending = []
+            last = None if r.closes else ph
     for p in pending:
         p.phase, p.src = ((seq[0], "sequence") if seq and spreads.get(seq[0], True)
                           else ("other", None))
