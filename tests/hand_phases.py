@@ -28,6 +28,7 @@ Run: `python tests/hand_phases.py TRACE STEP` → ms per phase.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import gzip
 import json
@@ -37,7 +38,8 @@ ALL_TO_ALL = "_AllToAll"
 
 
 def forward_phase_ms(path: str, step: int) -> dict[str, float]:
-    ev = json.load(gzip.open(path))["traceEvents"]
+    with gzip.open(path) as f:
+        ev = json.load(f)["traceEvents"]
     xs = [e for e in ev if e.get("ph") == "X"]
     ann = next(e for e in xs if e.get("cat") == "user_annotation" and e["name"] == f"ProfilerStep#{step}")
     h0, h1, main = ann["ts"], ann["ts"] + ann["dur"], ann["tid"]
@@ -86,7 +88,6 @@ def forward_phase_ms(path: str, step: int) -> dict[str, float]:
               if e.get("cat") in ("cuda_runtime", "cuda_driver") and e["tid"] == main
               and h0 <= e["ts"] < h1}
     out: collections.Counter[str] = collections.Counter()
-    import bisect
     for k in xs:
         if k.get("cat") != "kernel":
             continue
