@@ -159,6 +159,11 @@ def _layers(lab: Labelled) -> dict[str, Any]:
 def rank_breakdown(median: pl.DataFrame, add: pl.DataFrame) -> dict[str, Any]:
     """Per rank (its median step): compute / communication / memory / host / idle and phases;
     with several ranks, the slowest rank's extra time over the median rank and the phase it is in."""
+    return breakdown(rank_rows(median, add))
+
+
+def rank_rows(median: pl.DataFrame, add: pl.DataFrame) -> list[dict[str, Any]]:
+    """One `rank_breakdown` row per rank from its median step's walls and phase times."""
     per_phase = (add.group_by("rank", "phase").agg((pl.col("exposed_ns") + pl.col("idle_ns")).sum()
                                                    .alias("t")))
     rows = []
@@ -174,6 +179,13 @@ def rank_breakdown(median: pl.DataFrame, add: pl.DataFrame) -> dict[str, Any]:
             "idle_s": (r["idle_ns"] - r["launch_starved_ns"]) * NS,
             "phases": dict(sorted(ph.items())),
         })
+    return rows
+
+
+def breakdown(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `rank_breakdown` section from its rank rows (`rank_rows`, or the many-rank path's
+    summaries): the rows, and with several ranks the slowest one's extra time over the median
+    rank and the phase most of it is in."""
     doc: dict[str, Any] = {"ranks": rows, "slowest": None}
     if len(rows) >= 2:
         slow = max(rows, key=lambda x: (x["step_s"], -x["rank"]))

@@ -319,6 +319,32 @@ def render_diff(doc: dict[str, Any], console: Console | None = None) -> None:
                   "either side)")
     for line in cross_rank_diff_lines(doc.get("cross_rank")):
         out.print(line, markup=False)
+    render_phase_diff(doc, out)
+
+
+def render_phase_diff(doc: dict[str, Any], console: Console | None = None) -> None:
+    """`moetune diff`'s phase table (step time per phase, A → B, largest change first) and the
+    throughput change."""
+    out = console or Console(highlight=False, soft_wrap=True)
+    ph = doc.get("phases") or {}
+    if ph.get("rows"):
+        t = Table(title="phases of the median step by |Δ|", title_justify="left",
+                  show_edge=False, box=None, pad_edge=False, padding=(0, 1, 0, 0))
+        for col, just in (("phase", "left"), ("", "left"), ("A ms", "right"), ("B ms", "right"),
+                          ("Δ ms", "right"), ("share A → B", "right")):
+            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        for r in ph["rows"]:
+            t.add_row(r["phase"], r["status"], _msf(r["a_s"]), _msf(r["b_s"]),
+                      f"{r['delta_s'] * 1e3:+,.2f}",
+                      f"{r['share_a'] * 100:.1f} → {r['share_b'] * 100:.1f} %")
+        out.print(t)
+    tp = doc.get("throughput") or {}
+    f = tp.get("tflops_per_gpu") or {}
+    if f.get("a") is not None and f.get("b") is not None:
+        m = tp.get("mfu") or {}
+        mfu = (f", MFU {m['a'] * 100:.1f} → {m['b'] * 100:.1f} %"
+               if m.get("a") is not None and m.get("b") is not None else "")
+        out.print(f"throughput: {f['a']:,.1f} → {f['b']:,.1f} TFLOP/s per GPU{mfu}", markup=False)
 
 
 def cross_rank_diff_lines(cr: dict[str, Any] | None) -> list[str]:
