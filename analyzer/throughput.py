@@ -96,7 +96,7 @@ def throughput_document(doc: Mapping[str, Any], *, ranks: pl.DataFrame,
     }
     notes: list[str] = out["notes"]
     if source is None:
-        notes.append("no model: give --contract (or --log with the run's argument dump) for FLOPs")
+        notes.append("no model stated: a contract (or the run's log with its argument dump) gives the FLOPs")
         return out
     gbs = args.get("global_batch_size")
     if not isinstance(gbs, int) or gbs < 1:

@@ -247,3 +247,20 @@ def test_grammar_without_shared_experts_gives_the_first_gemm_to_the_router() -> 
     resolve_stream(runs, load_phases())
     assert [r.phase for r in runs] == ["router", "router", "router", "dispatch", "experts",
                                        "combine"]
+
+
+def test_many_ranks_path_gives_the_same_rank_breakdown(tmp_path: Path,
+                                                       mcore_docs: dict[str, dict]) -> None:
+    """The Dask path's summaries (rank_summary's `phases` table) give each rank the breakdown
+    the one-process diagnosis gives it."""
+    from moetune import scale
+
+    d = TRACES / "gpu_ep2_alltoall_overlap"
+    an, _ = scale.diagnose_many([d], scale.ScaleOptions(cache=tmp_path, progress=False))
+    many = an.diagnosis["rank_breakdown"]
+    one = mcore_docs["gpu_ep2_alltoall_overlap"]["rank_breakdown"]
+    assert [r["rank"] for r in many["ranks"]] == [r["rank"] for r in one["ranks"]]
+    for x, y in zip(many["ranks"], one["ranks"], strict=True):
+        assert x["step_s"] == pytest.approx(y["step_s"], abs=2e-6)
+        assert x["phases"] == pytest.approx(y["phases"], abs=2e-6)
+    assert many["slowest"]["rank"] == one["slowest"]["rank"]
