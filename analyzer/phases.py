@@ -67,13 +67,16 @@ def phases_document(add: pl.DataFrame, busy: pl.DataFrame, win: pl.DataFrame, *,
     ranks = win.height
     step_ns = float((win.get_column("win_end_ns") - win.get_column("win_start_ns")).sum()) / max(ranks, 1)
     layers = _layers(labelled)
-    rows = _rows(add, busy.filter(pl.col("by") == "phase"), ["phase"], ranks, step_ns, book)
-    by_dir = busy.filter(pl.col("by") == "direction")
+    # few rows (phases × layers × directions × sources): plain Python from here
+    add_rows = add.select("phase", "layer", "direction", "source", "exposed_ns", "idle_ns",
+                          "kernels", "launches", "host_ns").rows()
+    busy_rows = busy.select("by", "phase", "layer", "direction", "busy_ns").rows()
+    rows = _rows(add_rows, {(ph,): b for by, ph, _, _, b in _sum(busy_rows, "phase")},
+                 ("phase",), ranks, step_ns, book)
+    n = max(ranks, 1)
+    by_dir = {(ph, d): b for _, ph, _, d, b in _sum(busy_rows, "direction")}
     for r in rows:
-        d = by_dir.filter(pl.col("phase") == r["phase"])
-        r["busy_by_direction_s"] = {
-            k: float(d.filter(pl.col("direction") == k).get_column("busy_ns").sum() or 0) / max(ranks, 1) * NS
-            for k in DIRECTIONS}
+        r["busy_by_direction_s"] = {d: by_dir.get((r["phase"], d), 0) / n * NS for d in DIRECTIONS}
     doc: dict[str, Any] = {
         "source": book.source,
         "ranks": ranks,
@@ -84,40 +87,51 @@ def phases_document(add: pl.DataFrame, busy: pl.DataFrame, win: pl.DataFrame, *,
                       if p.part != "step" and p.phase not in {r["phase"] for r in rows}],
     }
     if layers["distinguishable"]:
-        doc["by_layer"] = _rows(add.filter(pl.col("layer").is_not_null()),
-                                busy.filter(pl.col("by") == "layer"), ["phase", "layer"], ranks,
-                                step_ns, book)
+        doc["by_layer"] = _rows([r for r in add_rows if r[1] is not None],
+                                {(ph, la): b for _, ph, la, _, b in _sum(busy_rows, "layer")},
+                                ("phase", "layer"), ranks, step_ns, book)
     return doc
 
 
-def _rows(add: pl.DataFrame, busy: pl.DataFrame, by: list[str], ranks: int, step_ns: float,
-          book: PhaseBook) -> list[dict[str, Any]]:
-    if add.height == 0:
-        return []
+def _sum(busy_rows: list[tuple], by: str) -> list[tuple]:
+    """The busy rows of one grouping, summed over ranks."""
+    acc: dict[tuple, float] = {}
+    for b, ph, la, d, v in busy_rows:
+        if b == by:
+            acc[(b, ph, la, d)] = acc.get((b, ph, la, d), 0) + (v or 0)
+    return [(*k, v) for k, v in acc.items()]
+
+
+def _rows(add_rows: list[tuple], busy: dict[tuple, float], by: tuple[str, ...], ranks: int,
+          step_ns: float, book: PhaseBook) -> list[dict[str, Any]]:
+    """Document rows per (phase) or (phase, layer), averaged over `ranks`."""
     n = max(ranks, 1)
-    step = pl.col("exposed_ns") + pl.col("idle_ns")
-    totals = add.group_by(by).agg(
-        pl.col("exposed_ns").sum(), pl.col("idle_ns").sum(), pl.col("kernels").sum(),
-        pl.col("launches").sum(), pl.col("host_ns").sum(),
-        *[step.filter(pl.col("direction") == d).sum().alias(f"{d}_ns") for d in DIRECTIONS])
-    srcs = (add.filter(pl.col("source").is_not_null()).group_by([*by, "source"])
-            .agg(step.sum().alias("_t")))
-    b = busy.group_by(by).agg(pl.col("busy_ns").sum())
-    t = totals.join(b, on=by, how="left", nulls_equal=True)
+    tot: dict[tuple, dict[str, Any]] = {}
+    for phase, layer, direction, source, ex, idle, kern, launch, host in add_rows:
+        key = (phase,) if by == ("phase",) else (phase, layer)
+        a = tot.setdefault(key, {"ex": 0.0, "idle": 0.0, "kern": 0, "launch": 0, "host": 0,
+                                 "dir": dict.fromkeys(DIRECTIONS, 0.0), "src": {}})
+        a["ex"] += ex
+        a["idle"] += idle
+        a["kern"] += kern
+        a["launch"] += launch
+        a["host"] += host
+        if direction in a["dir"]:
+            a["dir"][direction] += ex + idle
+        if source is not None:
+            a["src"][source] = a["src"].get(source, 0.0) + ex + idle
     order = _order(book)
     out = []
-    for r in t.iter_rows(named=True):
-        key = {k: r[k] for k in by}
-        src = srcs.filter(pl.all_horizontal([pl.col(k) == v for k, v in key.items()]))
-        total = float(src.get_column("_t").sum() or 0)
+    for key, a in tot.items():
+        phase = key[0]
+        total = sum(a["src"].values())
         by_src = {s: (v / total if total > 0 else 0.0)
-                  for s, v in sorted(src.select("source", "_t").iter_rows(), key=lambda x: -x[1])}
-        st = (r["exposed_ns"] + r["idle_ns"]) / n
-        bz = (r["busy_ns"] or 0) / n
-        ex = r["exposed_ns"] / n
-        phase = r["phase"]
-        row: dict[str, Any] = {
-            **({"layer": int(r["layer"])} if "layer" in key else {}),
+                  for s, v in sorted(a["src"].items(), key=lambda x: (-x[1], x[0]))}
+        st = (a["ex"] + a["idle"]) / n
+        bz = busy.get(key, 0) / n
+        ex = a["ex"] / n
+        out.append({
+            **({"layer": int(key[1])} if len(key) > 1 else {}),
             "phase": phase,
             "title": book.phase(phase).title if phase in book.names else "GPU idle after the step's last work",
             "source": next(iter(by_src), "gap" if phase == TAIL else None),
@@ -125,15 +139,14 @@ def _rows(add: pl.DataFrame, busy: pl.DataFrame, by: list[str], ranks: int, step
             "busy_s": bz * NS,
             "exposed_s": ex * NS,
             "hidden_s": max(bz - ex, 0.0) * NS,
-            "idle_s": r["idle_ns"] / n * NS,
+            "idle_s": a["idle"] / n * NS,
             "step_s": st * NS,
             "share": st / step_ns if step_ns > 0 else 0.0,
-            "kernels": r["kernels"] / n,
-            "launches": r["launches"] / n,
-            "host_s": r["host_ns"] / n * NS,
-            **{f"{d}_s": (r[f"{d}_ns"] or 0) / n * NS for d in DIRECTIONS},
-        }
-        out.append(row)
+            "kernels": a["kern"] / n,
+            "launches": a["launch"] / n,
+            "host_s": a["host"] / n * NS,
+            **{f"{d}_s": a["dir"][d] / n * NS for d in DIRECTIONS},
+        })
     out.sort(key=lambda x: (x.get("layer", 0), order.get(x["phase"], len(order))))
     return out
 
@@ -164,12 +177,13 @@ def rank_breakdown(median: pl.DataFrame, add: pl.DataFrame) -> dict[str, Any]:
 
 def rank_rows(median: pl.DataFrame, add: pl.DataFrame) -> list[dict[str, Any]]:
     """One `rank_breakdown` row per rank from its median step's walls and phase times."""
-    per_phase = (add.group_by("rank", "phase").agg((pl.col("exposed_ns") + pl.col("idle_ns")).sum()
-                                                   .alias("t")))
+    per: dict[int, dict[str, float]] = {}
+    for rank, phase, ex, idle in add.select("rank", "phase", "exposed_ns", "idle_ns").rows():
+        d = per.setdefault(int(rank), {})
+        d[phase] = d.get(phase, 0.0) + (ex + idle) * NS
     rows = []
     for r in median.sort("rank").iter_rows(named=True):
-        ph = {p: t * NS for p, t in per_phase.filter(pl.col("rank") == r["rank"])
-              .select("phase", "t").iter_rows()}
+        ph = per.get(int(r["rank"]), {})
         rows.append({
             "rank": int(r["rank"]), "step": int(r["step"]), "step_s": r["wall_ns"] * NS,
             "compute_s": r["compute_exposed_ns"] * NS,

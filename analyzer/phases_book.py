@@ -1,5 +1,5 @@
 """The phase vocabulary and its signatures as data: `analyzer/phases.yaml` → `PhaseBook`, and the
-signatures turned into labels of host ranges and GPU rows (polars, on the distinct names).
+signatures turned into labels of host ranges and GPU rows (on the distinct names).
 
 A label is a signature's index (its phases, definite when one); `analyzer/phases_sequence.py`
 decides between the labels of a launch and resolves the ambiguous ones by the layer pass's order.
@@ -8,14 +8,14 @@ decides between the labels of a launch and resolves the ambiguous ones by the la
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import polars as pl
 import yaml
-from moetune.analyzer.classify import match_expr
 
 from moetune.errors import UserError
 from moetune.resources import data, schema
@@ -133,58 +133,102 @@ def validate_phases(doc: Any, path: str | Path) -> None:
         raise UserError(f"invalid phases at {where}: {e.message}", path=path)
 
 
-def _first(conds: list[tuple[int, pl.Expr]]) -> pl.Expr:
-    """Index of the first true condition, else NONE."""
-    if not conds:
-        return pl.lit(NONE, dtype=pl.Int32)
-    return pl.coalesce([pl.when(c).then(pl.lit(i, dtype=pl.Int32)) for i, c in conds]
-                       + [pl.lit(NONE, dtype=pl.Int32)])
+def _scoped(rx: str) -> str:
+    """A pattern as one alternative of a larger one (a leading `(?i)` scoped to it)."""
+    return f"(?i:{rx[4:]})" if rx.startswith("(?i)") else f"(?:{rx})"
 
 
-def range_labels(names: pl.DataFrame, book: PhaseBook) -> pl.DataFrame:
-    """Distinct host-range names (column `name`) → `def_sig` (first definite signature),
-    `amb_sig` (first ambiguous one), `boundary`, `marker` (its labelling signature marks a phase
-    without GPU work) and `layer` (the index a layer range names, else null)."""
-    sigs = [(i, s) for i, s in enumerate(book.signatures) if s.ranges]
-    hit = {i: match_expr(s.ranges) for i, s in sigs}
-    out = names.with_columns(
-        _first([(i, hit[i]) for i, s in sigs if s.definite]).alias("def_sig"),
-        _first([(i, hit[i]) for i, s in sigs if s.ambiguous]).alias("amb_sig"),
-        (pl.any_horizontal([hit[i] for i, s in sigs if s.boundary])
-         if any(s.boundary for _, s in sigs) else pl.lit(False)).alias("boundary"),
-    )
-    marks = [i for i, s in enumerate(book.signatures) if s.marker]
-    out = out.with_columns(
-        (pl.col("def_sig").is_in(marks) | pl.col("amb_sig").is_in(marks)).alias("marker"))
-    regs = (book.layers or {}).get("regex") or []
-    layer = (pl.coalesce([pl.col("name").str.extract(r, 1) for r in regs]).cast(pl.Int32, strict=False)
-             if regs else pl.lit(None, dtype=pl.Int32))
-    return out.with_columns(layer.alias("layer"))
+def _alternatives(match: dict[str, list[str]] | None) -> list[str]:
+    if not match:
+        return []
+    alts = [f"^{re.escape(s)}" for s in match.get("prefix", ())]
+    alts += [re.escape(s) for s in match.get("contains", ())]
+    alts += [f"(?i:{re.escape(s)})" for s in match.get("icontains", ())]
+    return alts + [_scoped(r) for r in match.get("regex", ())]
 
 
-def kernel_labels(keys: pl.DataFrame, book: PhaseBook) -> pl.DataFrame:
-    """Distinct GPU keys (`kclass`, `name`, `pg_role`) → `def_sig`, `amb_sig`, `boundary`."""
-    conds: list[tuple[int, pl.Expr]] = []
-    for i, s in enumerate(book.signatures):
-        k = s.kernels
-        if not k:
+def matcher(match: dict[str, list[str]] | None) -> Callable[[str], bool]:
+    """The Python predicate of a match list (prefix / contains / icontains / regex), as
+    `classify.match_expr` reads one, as one compiled pattern: the distinct names of one trace
+    are few, and polars' fixed cost per expression would be most of their time."""
+    alts = _alternatives(match)
+    search = re.compile("|".join(alts)).search if alts else None
+    return (lambda name: search(name) is not None) if search else (lambda name: False)
+
+
+_COMPILED: dict[int, tuple] = {}
+
+
+def _compiled(book: PhaseBook) -> tuple:
+    got = _COMPILED.get(id(book))
+    if got is None or got[0] is not book:
+        layer = [re.compile(r) for r in (book.layers or {}).get("regex", [])]
+        every = [a for s in book.signatures for a in _alternatives(s.ranges)]
+        anything = re.compile("|".join(every)).search if every else (lambda name: None)
+        got = (book, [matcher(s.ranges) for s in book.signatures], layer, anything)
+        _COMPILED[id(book)] = got
+    return got
+
+
+def range_labels(names: list[str], book: PhaseBook) -> dict[str, tuple[int, int, bool, bool, int | None]]:
+    """Distinct host-range names → (def_sig: first definite signature, amb_sig: first ambiguous
+    one, boundary, marker: its labelling signature marks a phase without GPU work, layer: the
+    index a layer range names) for the names that carry any of them."""
+    _, fits, layer_rx, anything = _compiled(book)
+    sigs = book.signatures
+    out = {}
+    for name in names:
+        lay = None
+        for r in layer_rx:
+            m = r.search(name)
+            if m:
+                lay = int(m.group(1))
+                break
+        if lay is None and anything(name) is None:  # most names fit no signature: one search
             continue
-        parts: list[pl.Expr] = []
-        if k.get("kclass"):
-            parts.append(pl.col("kclass").is_in(k["kclass"]).fill_null(False))
-        if k.get("match"):
-            parts.append(match_expr(k["match"]))
-        roles = k.get("pg_roles")
-        if roles:
-            parts.append(pl.col("pg_role").is_in(roles).fill_null(False))
-        cond = pl.any_horizontal(parts)
-        if roles:  # a collective of a known group this signature does not name never fits it
-            cond = cond & (pl.col("pg_role").is_null() | pl.col("pg_role").is_in(roles))
-        conds.append((i, cond))
-    sig = book.signatures
-    return keys.with_columns(
-        _first([(i, c) for i, c in conds if sig[i].definite]).alias("def_sig"),
-        _first([(i, c) for i, c in conds if sig[i].ambiguous]).alias("amb_sig"),
-        (pl.any_horizontal([c for i, c in conds if sig[i].boundary])
-         if any(sig[i].boundary for i, _ in conds) else pl.lit(False)).alias("boundary"),
-    )
+        d = a = NONE
+        bnd = False
+        for i, s in enumerate(sigs):
+            if not s.ranges or (d != NONE and a != NONE and (bnd or not s.boundary)):
+                continue
+            if not fits[i](name):
+                continue
+            if s.definite and d == NONE:
+                d = i
+            elif s.ambiguous and a == NONE:
+                a = i
+            bnd = bnd or s.boundary
+        if d != NONE or a != NONE or bnd or lay is not None:
+            marker = (d != NONE and sigs[d].marker) or (a != NONE and sigs[a].marker)
+            out[name] = (d, a, bnd, bool(marker), lay)
+    return out
+
+
+def kernel_labels(keys: list[tuple[str | None, str | None, str | None]], book: PhaseBook
+                  ) -> dict[tuple, tuple[int, int, bool]]:
+    """Distinct GPU keys (kclass, name, pg_role) → (def_sig, amb_sig, boundary)."""
+    sigs = book.signatures
+    tests = []
+    for i, s in enumerate(sigs):
+        k = s.kernels
+        if k:
+            tests.append((i, s, frozenset(k.get("kclass") or ()), matcher(k.get("match")),
+                          frozenset(k.get("pg_roles") or ())))
+    out = {}
+    for key in keys:
+        kclass, name, role = key
+        d = a = NONE
+        bnd = False
+        for i, s, classes, fits, roles in tests:
+            if roles and role is not None and role not in roles:
+                continue  # a collective of a known group this signature does not name
+            if not ((kclass in classes) or (role is not None and role in roles)
+                    or fits(name or "")):
+                continue
+            if s.definite and d == NONE:
+                d = i
+            elif s.ambiguous and a == NONE:
+                a = i
+            bnd = bnd or s.boundary
+        out[key] = (d, a, bnd)
+    return out

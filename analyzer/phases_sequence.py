@@ -24,14 +24,13 @@ thread tells: the thread that launched the step's first work runs forward, other
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from moetune.analyzer.classify import KernelClasses, match_expr, with_pg_role
+from moetune.analyzer.classify import KernelClasses, with_pg_role
 from moetune.analyzer.frames import GPU_KINDS
-from moetune.analyzer.phases_book import NONE, PhaseBook, kernel_labels, range_labels
+from moetune.analyzer.phases_book import NONE, PhaseBook, kernel_labels, matcher, range_labels
 
 HOST_KINDS = ("cpu_op", "annotation", "python")
 # emit_nvtx / nsys --pytorch names an op "aten::mm, seq = 12, op_id = 34, sizes = [...]"
@@ -124,16 +123,19 @@ def _host_ranges(events: pl.DataFrame, gpu: pl.DataFrame, win: pl.DataFrame, *, 
             .with_columns(pl.when(pl.col("kind") == "annotation")
                           .then(pl.col("name").str.replace(_NVTX_SUFFIX, ""))
                           .otherwise(pl.col("name")).alias("name")).collect())
-    names = host.select(pl.col("name").unique())
-    bwd = match_expr(classes.backward_ops) if classes.backward_ops else pl.lit(False)
-    labels = range_labels(names, book).with_columns(bwd.alias("backward"))
-    useful = (pl.col("def_sig") != NONE) | (pl.col("amb_sig") != NONE) | pl.col("boundary") | \
-        pl.col("backward") | pl.col("layer").is_not_null()
+    names = host.get_column("name").unique().drop_nulls().to_list()
+    labels = range_labels(names, book)
+    bwd = matcher(classes.backward_ops)
+    rows = [(n, *labels.get(n, (NONE, NONE, False, False, None)), bwd(n)) for n in names]
+    rows = [r for r in rows if r[1] != NONE or r[2] != NONE or r[3] or r[5] is not None or r[6]]
+    lab = pl.DataFrame(rows, schema={"name": pl.String, "def_sig": pl.Int32, "amb_sig": pl.Int32,
+                                     "boundary": pl.Boolean, "marker": pl.Boolean,
+                                     "layer": pl.Int32, "backward": pl.Boolean}, orient="row")
     fmt = pl.col("rank").replace_strict(formats, default="kineto", return_dtype=pl.String)
     src = (pl.when(pl.col("kind") == "python").then(pl.lit("stack"))
            .when((pl.col("kind") == "annotation") & (fmt == "nsys")).then(pl.lit("nvtx"))
            .otherwise(pl.lit("scope")))
-    return (host.join(labels.filter(useful), on="name", how="inner")
+    return (host.join(lab, on="name", how="inner")
             .with_columns(pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
                           src.alias("source"))
             .drop("ts_ns", "dur_ns")
@@ -153,85 +155,144 @@ def _markers(ranges: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
 # ------------------------------------------------------------------------------ enclosing ranges
 
 
-def _parents(rank: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Index of each range's nearest enclosing range among these (−1: none); ranges sorted by
-    (rank, tid, start, −end), so an enclosing range comes first."""
-    parent = np.full(len(start), -1, dtype=np.int64)
-    stack: list[int] = []
-    prev = None
-    for i in range(len(start)):
-        key = (rank[i], tid[i])
-        if key != prev:
-            stack.clear()
-            prev = key
-        while stack and end[stack[-1]] < end[i]:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-        stack.append(i)
-    return parent
+@dataclass(frozen=True, slots=True)
+class _Packed:
+    """Ranges and points with (thread, time) packed into one Int64 each (see `innermost`)."""
+
+    s: np.ndarray   # range starts, packed
+    e: np.ndarray   # range ends, packed
+    pt: np.ndarray  # points, packed (only the points that have a thread and a time)
+    pi: np.ndarray  # their row numbers among the points
+    span: int
 
 
-def innermost(points: pl.DataFrame, ranges: pl.DataFrame, *, at: str = "launch_ts") -> np.ndarray:
+def _pack(points: pl.DataFrame, ranges: pl.DataFrame, at: str) -> _Packed | None:
+    thr = pl.concat([ranges.select("rank", "tid"), points.select("rank", "tid")]).unique()
+    thr = thr.drop_nulls().with_row_index("_th").with_columns(pl.col("_th").cast(pl.Int64))
+    ts = [x for x in (ranges.get_column("start").min(), points.get_column(at).min()) if x is not None]
+    te = [x for x in (ranges.get_column("end").max(), points.get_column(at).max()) if x is not None]
+    t0, t1 = int(min(ts)), int(max(te))
+    span = 1 << max((t1 - t0 + 2).bit_length(), 1)
+    if span * (thr.height + 1) >= 1 << 62:
+        return None
+    r = ranges.select("rank", "tid", "start", "end").join(thr, on=["rank", "tid"], how="left",
+                                                          maintain_order="left")
+    base = r.get_column("_th").to_numpy() * span - t0
+    p = points.select("rank", "tid", pl.col(at).alias("_t")).with_row_index("_pi").join(
+        thr, on=["rank", "tid"], how="left", maintain_order="left").filter(
+        pl.col("_t").is_not_null() & pl.col("_th").is_not_null())
+    return _Packed(base + r.get_column("start").to_numpy(), base + r.get_column("end").to_numpy(),
+                   p.get_column("_th").to_numpy() * span - t0 + p.get_column("_t").to_numpy(),
+                   p.get_column("_pi").to_numpy(), span)
+
+
+def innermost(points: pl.DataFrame, ranges: pl.DataFrame, *, at: str = "launch_ts",
+              mask: np.ndarray | None = None, packed: _Packed | None = None) -> np.ndarray:
     """For each row of `points` (rank, tid, `at`), the row index in `ranges` (rank, tid, start,
-    end; sorted as `_host_ranges` sorts) of the innermost range containing the point (start ≤ t <
-    end, or a zero-length range starting at t), −1 when none does. Ranges nest on a thread."""
+    end) of the innermost range containing the point (start ≤ t < end), −1 when none does;
+    `mask`: only those ranges count. Ranges nest on a thread (profilers and NVTX push and pop).
+
+    Vectorised through nesting depth: a range's depth is the number of earlier ranges of its
+    thread still open where it starts; the ranges open at t number opened − closed by t; the
+    innermost one containing t is the latest-starting range at depth (open − 1) that started by
+    t. Thread and time are packed into one Int64 so that one sorted search serves all threads."""
     n = points.height
     out = np.full(n, -1, dtype=np.int64)
     if n == 0 or ranges.height == 0:
         return out
-    r = ranges.select("rank", "tid", "start", "end").with_row_index("_ri")
-    start, end = r.get_column("start").to_numpy(), r.get_column("end").to_numpy()
-    parent = _parents(r.get_column("rank").to_numpy(), r.get_column("tid").to_numpy(), start, end)
-    p = (points.select(pl.col("rank"), pl.col("tid"), pl.col(at).alias("_t"))
-         .with_row_index("_pi").filter(pl.col("_t").is_not_null() & pl.col("tid").is_not_null())
-         .sort("_t"))
-    hit = p.join_asof(r.select("rank", "tid", "start", "_ri").sort("start"), left_on="_t",
-                      right_on="start", by=["rank", "tid"], strategy="backward",
-                      check_sortedness=False)
-    pi = hit.get_column("_pi").to_numpy()
-    t = hit.get_column("_t").to_numpy()
-    cand = hit.get_column("_ri").fill_null(-1).to_numpy().astype(np.int64)
-    while True:
-        ok = cand >= 0
-        s, e = start[np.where(ok, cand, 0)], end[np.where(ok, cand, 0)]
-        inside = ok & ((t < e) | ((s == t) & (e == s)))
-        move = ok & ~inside
-        if not move.any():
-            break
-        cand = np.where(move, parent[np.where(ok, cand, 0)], cand)
-    out[pi] = cand
+    pk = packed if packed is not None else _pack(points, ranges, at)
+    if pk is None:
+        return _innermost_slow(points, ranges if mask is None else ranges.filter(mask), at=at,
+                               rows=np.flatnonzero(mask) if mask is not None else None)
+    rows = np.flatnonzero(mask) if mask is not None else np.arange(len(pk.s))
+    if len(rows) == 0 or len(pk.pt) == 0:
+        return out
+    s, e, span = pk.s[rows], pk.e[rows], pk.span
+    order = np.lexsort((-e, s))  # (thread, start) packed in s; outer first on ties
+    s_sorted = s[order]
+    ends = np.sort(e)
+    lo_r = (s_sorted // span) * span
+    # depth: earlier ranges of the thread still open where this one starts
+    first = np.searchsorted(s_sorted, lo_r, side="left")
+    closed = np.searchsorted(ends, s_sorted, side="right") - np.searchsorted(ends, lo_r, side="left")
+    depth = (np.arange(len(s_sorted)) - first) - closed
+    pt = pk.pt
+    lo = (pt // span) * span
+    opened = np.searchsorted(s_sorted, pt, side="right") - np.searchsorted(s_sorted, lo, side="left")
+    closed_p = np.searchsorted(ends, pt, side="right") - np.searchsorted(ends, lo, side="left")
+    want = opened - closed_p - 1
+    res = np.full(len(pt), -1, dtype=np.int64)
+    ok = want >= 0
+    if ok.any():
+        # the latest range started by t at the wanted depth: ranges ordered by (depth, start)
+        by_depth = np.lexsort((s_sorted, depth))
+        dk, sk = depth[by_depth], s_sorted[by_depth]
+        wanted, tt = want[ok], pt[ok]
+        found = np.full(len(wanted), -1, dtype=np.int64)
+        for d in np.unique(wanted):
+            m = wanted == d
+            a, b = np.searchsorted(dk, d, side="left"), np.searchsorted(dk, d, side="right")
+            j = np.searchsorted(sk[a:b], tt[m], side="right") - 1
+            found[m] = np.where(j >= 0, a + j, -1)
+        good = found >= 0
+        cand = np.where(good, order[by_depth[np.where(good, found, 0)]], -1)
+        inside = good & (e[np.where(good, cand, 0)] > tt) & (s[np.where(good, cand, 0)] <= tt)
+        res[ok] = np.where(inside, rows[np.where(inside, cand, 0)], -1)
+    out[pk.pi] = res
     return out
 
 
-def _pick(ranges: pl.DataFrame, points: pl.DataFrame, cond: pl.Expr, cols: Sequence[str]
-          ) -> pl.DataFrame:
-    """Columns `cols` of the innermost range meeting `cond` around each point (nulls: none)."""
-    sub = ranges.filter(cond)
-    idx = innermost(points, sub)
-    taken = sub.select(cols).with_row_index("_k")
-    key = pl.DataFrame({"_k": idx}).with_columns(
-        pl.when(pl.col("_k") >= 0).then(pl.col("_k")).cast(pl.UInt32).alias("_k"))
-    return key.join(taken, on="_k", how="left", maintain_order="left").drop("_k")
+def _innermost_slow(points: pl.DataFrame, ranges: pl.DataFrame, *, at: str,
+                    rows: np.ndarray | None = None) -> np.ndarray:
+    """`innermost` for times that do not pack: per point, the containing range of smallest span
+    (`rows`: the row numbers these ranges have in the caller's frame)."""
+    out = np.full(points.height, -1, dtype=np.int64)
+    r = ranges.select("rank", "tid", "start", "end").with_row_index("_ri")
+    for i, (rank, tid, t) in enumerate(points.select("rank", "tid", at).iter_rows()):
+        if t is None:
+            continue
+        c = r.filter((pl.col("rank") == rank) & (pl.col("tid") == tid) & (pl.col("start") <= t)
+                     & (pl.col("end") > t)).sort(pl.col("end") - pl.col("start"))
+        if c.height:
+            k = int(c.get_column("_ri")[0])
+            out[i] = k if rows is None else int(rows[k])
+    return out
 
 
 def _with_range_labels(items: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
-    d = _pick(ranges, items, pl.col("def_sig") != NONE, ["def_sig", "source"]).rename(
-        {"def_sig": "r_def", "source": "r_def_src"})
-    a = _pick(ranges, items, pl.col("amb_sig") != NONE, ["amb_sig", "source"]).rename(
-        {"amb_sig": "r_amb", "source": "r_amb_src"})
-    b = _pick(ranges, items, pl.col("boundary"), ["start", "tid"]).select(
-        pl.col("start").alias("r_bnd"))
-    lay = _pick(ranges, items, pl.col("layer").is_not_null(), ["layer"]).rename({"layer": "r_layer"})
-    bw = _pick(ranges, items, pl.col("backward"), ["start"]).select(
-        pl.col("start").is_not_null().alias("r_bwd"))
-    return pl.concat([items, d, a, b, lay, bw], how="horizontal")
+    """Per item, from the innermost enclosing range of its launch that has each: its definite
+    label and source, ambiguous label and source, boundary (the range's start as its key),
+    layer, and whether it is in a backward op."""
+    cols = ranges.select("def_sig", "amb_sig", "boundary", "layer", "backward", "source", "start")
+    d_sig, a_sig = cols.get_column("def_sig").to_numpy(), cols.get_column("amb_sig").to_numpy()
+    lay = cols.get_column("layer")
+    masks = {"d": d_sig != NONE, "a": a_sig != NONE, "b": cols.get_column("boundary").to_numpy(),
+             "l": lay.is_not_null().to_numpy(), "w": cols.get_column("backward").to_numpy()}
+    pk = _pack(items, ranges, "launch_ts") if ranges.height and items.height else None
+    at = {k: innermost(items, ranges, mask=m, packed=pk) for k, m in masks.items()}
+
+    def take(series: pl.Series, idx: np.ndarray, name: str) -> pl.Series:
+        got = series.gather(np.where(idx >= 0, idx, 0)) if series.len() else pl.Series(
+            [None] * len(idx), dtype=series.dtype)
+        return pl.Series(name, got, dtype=series.dtype).zip_with(
+            pl.Series(idx >= 0), pl.Series([None] * len(idx), dtype=series.dtype))
+
+    src = cols.get_column("source")
+    return items.with_columns(
+        take(cols.get_column("def_sig"), at["d"], "r_def"), take(src, at["d"], "r_def_src"),
+        take(cols.get_column("amb_sig"), at["a"], "r_amb"), take(src, at["a"], "r_amb_src"),
+        take(cols.get_column("start"), at["b"], "r_bnd"), take(lay, at["l"], "r_layer"),
+        pl.Series("r_bwd", at["w"] >= 0))
 
 
 def _with_kernel_labels(items: pl.DataFrame, book: PhaseBook) -> pl.DataFrame:
-    keys = items.select("kclass", "name", "pg_role").unique()
-    lab = kernel_labels(keys, book).rename({"def_sig": "k_def", "amb_sig": "k_amb", "boundary": "k_bnd"})
-    out = items.join(lab, on=["kclass", "name", "pg_role"], how="left", nulls_equal=True,
+    keys = items.select("kclass", "name", "pg_role").unique().rows()
+    lab = kernel_labels(keys, book)
+    rows = [(*k, *lab[k]) for k in keys]
+    frame = pl.DataFrame(rows, schema={"kclass": pl.String, "name": pl.String, "pg_role": pl.String,
+                                       "k_def": pl.Int32, "k_amb": pl.Int32, "k_bnd": pl.Boolean},
+                         orient="row")
+    out = items.join(frame, on=["kclass", "name", "pg_role"], how="left", nulls_equal=True,
                      maintain_order="left")
     marker = pl.col("item") == "marker"
     return out.with_columns(pl.when(marker).then(pl.lit(NONE)).otherwise(pl.col("k_def")).alias("k_def"),
@@ -302,49 +363,49 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
     items = items.with_columns(stream.alias("_stream"), order.alias("_o1"), order2.alias("_o2"),
                                pl.col("tid").fill_null(-1).alias("_tid")).sort(
         ["rank", "_tid", "_stream", "_o1", "_o2"])
-    n = items.height
-    phase = np.full(n, None, dtype=object)
-    src = np.full(n, None, dtype=object)
-    layer = np.full(n, -1, dtype=np.int64)
+    # Runs: consecutive items of one stream with the same labels, found by polars; Python walks
+    # the runs only (a pass has far fewer runs than kernels).
+    closes = [i for i, s in enumerate(sig) if s.closes]
+    cl = pl.col("_def").is_in(closes) if closes else pl.lit(False)
+    cols = ["rank", "_tid", "_stream", "_def", "_def_src", "_amb", "_bnd"]
+    brk = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1)) for c in cols])
+    items = items.with_columns(cl.alias("_cl")).with_columns(
+        (brk | pl.col("_cl") | pl.col("_cl").shift(1)).fill_null(True).alias("_brk"))
+    items = items.with_columns(pl.col("_brk").cum_sum().alias("_run"))
+    heads = items.filter(pl.col("_brk")).select(*cols, "_cl")
+    nrun = heads.height
+    hk = list(zip(*(heads.get_column(c).to_list() for c in cols), heads.get_column("_cl").to_list(),
+                  strict=True))
+    phase: list[str | None] = [None] * nrun
+    src: list[str | None] = [None] * nrun
+    layer = np.full(nrun + 1, -1, dtype=np.int64)
     passes: dict[int, dict[str, list[int]]] = {}
-    cols = items.select("rank", "_tid", "_stream", "_def", "_def_src", "_amb", "_bnd")
-    keys = list(zip(cols.get_column("rank").to_list(), cols.get_column("_tid").to_list(),
-                    cols.get_column("_stream").to_list(), strict=True))
-    defs = cols.get_column("_def").to_list()
-    dsrc = cols.get_column("_def_src").to_list()
-    ambs = cols.get_column("_amb").to_list()
-    bnds = cols.get_column("_bnd").to_list()
     start = 0
-    while start < n:
+    while start < nrun:
         stop = start
-        while stop < n and keys[stop] == keys[start]:
+        while stop < nrun and hk[stop][:3] == hk[start][:3]:
             stop += 1
         runs: list[_Run] = []
         for i in range(start, stop):
-            d = sig[defs[i]].phases[0] if defs[i] != NONE else None
-            c = sig[ambs[i]].phases if (d is None and ambs[i] != NONE) else None
-            w = c is not None and sig[ambs[i]].weak
-            cl = d is not None and sig[defs[i]].closes
-            s = dsrc[i] if d is not None else None
-            r = runs[-1] if runs else None
-            if r is not None and not cl and not r.closes and (
-                    r.definite, r.cands, r.boundary, r.source) == (d, c, bnds[i], s):
-                r.stop = i + 1
-            else:
-                runs.append(_Run(i, i + 1, d, c, w, cl, bnds[i], s))
+            _, _, _, de, dsrc, am, bnd, closing = hk[i]
+            d = sig[de].phases[0] if de != NONE else None
+            c = sig[am].phases if (d is None and am != NONE) else None
+            runs.append(_Run(i, i + 1, d, c, c is not None and sig[am].weak, bool(closing), bnd,
+                             dsrc if d is not None else None))
         counts = resolve_stream(runs, book, layers_per_pass)
-        rank, _, st = keys[start]
+        rank, _, st = hk[start][:3]
         if st != 1:
             passes.setdefault(int(rank), {}).setdefault("backward" if st == 2 else "forward",
                                                         []).extend(counts)
         for r in runs:
-            phase[r.start:r.stop] = r.phase
-            src[r.start:r.stop] = r.src
-            layer[r.start:r.stop] = -1 if r.layer is None else r.layer
+            phase[r.start], src[r.start] = r.phase, r.src
+            layer[r.start] = -1 if r.layer is None else r.layer
         start = stop
-    items = items.with_columns(pl.Series("phase", phase.tolist(), dtype=pl.String),
-                               pl.Series("source", src.tolist(), dtype=pl.String),
-                               pl.Series("_seq_layer", layer, dtype=pl.Int32))
+    run = items.get_column("_run").to_numpy() - 1
+    items = items.with_columns(
+        pl.Series("phase", phase, dtype=pl.String).gather(run).alias("phase"),
+        pl.Series("source", src, dtype=pl.String).gather(run).alias("source"),
+        pl.Series("_seq_layer", layer[run], dtype=pl.Int32))
     return _layers(items, passes, layers_per_pass)
 
 
@@ -464,10 +525,11 @@ def _resolve_block(block: list[_Run], kind, spreads: dict[str, bool], before: st
     orders its steps otherwise), else that next label's phase; unlabelled work takes the last
     spreading phase, or the first one after it at the block's start."""
     seq: tuple[str, ...] = _sequence(block, kind) if kind is not None else ()
+    at = {q: j for j, q in enumerate(seq)}
     nxt = [len(seq)] * (len(block) + 1)
     for i in range(len(block) - 1, -1, -1):
-        d = block[i].definite
-        nxt[i] = seq.index(d) if d in seq else nxt[i + 1]
+        nxt[i] = at.get(block[i].definite, nxt[i + 1])  # type: ignore[arg-type]
+    options: dict[tuple[str, ...], list[int]] = {}
     cursor = -1
     last: str | None = before
     pending: list[_Run] = []
@@ -475,10 +537,13 @@ def _resolve_block(block: list[_Run], kind, spreads: dict[str, bool], before: st
         ph: str | None = None
         if r.definite is not None:
             ph, r.src = r.definite, r.source
-            if ph in seq:
-                cursor = max(cursor, seq.index(ph))
+            j = at.get(ph)
+            if j is not None and j > cursor:
+                cursor = j
         elif r.cands is not None:
-            opts = [j for j, q in enumerate(seq) if q in r.cands]
+            opts = options.get(r.cands)
+            if opts is None:
+                opts = options[r.cands] = [j for j, q in enumerate(seq) if q in r.cands]
             if opts:
                 fits = [j for j in opts if cursor <= j <= nxt[i]]
                 behind = [j for j in opts if j < cursor]

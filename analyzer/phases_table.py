@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from moetune.analyzer.intervals import END, START, union
+from moetune.analyzer.intervals import END, START
 
 KEY = ["phase", "layer", "direction", "source"]
 TAIL = "idle"  # GPU idle at the step's end: waiting on no work of this step
@@ -141,14 +141,41 @@ def _host(it: pl.DataFrame, w: dict) -> pl.DataFrame:
 
 
 def _rank_busy(it: pl.DataFrame, w: dict) -> pl.DataFrame:
-    g = _clipped(it, w).select("phase", "layer", "direction", START, END).with_columns(
-        pl.col("layer").fill_null(-1))
-    out = []
+    """Union of the GPU intervals per (phase), (phase, layer) and (phase, direction), numpy:
+    each grouping's intervals sorted by (group, start), a running max of their ends."""
+    g = _clipped(it, w).select("phase", "layer", "direction", START, END)
+    s, e = g.get_column(START).to_numpy(), g.get_column(END).to_numpy()
+    rows = []
     for name, by in (("phase", ["phase"]), ("layer", ["phase", "layer"]),
                      ("direction", ["phase", "direction"])):
-        u = union(g, by=by)
-        t = u.group_by(by).agg((pl.col(END) - pl.col(START)).sum().alias("busy_ns"))
-        out.append(t.with_columns(pl.lit(name).alias("by")))
-    return pl.concat(out, how="diagonal_relaxed").with_columns(
-        pl.lit(w["rank"], pl.Int32).alias("rank"),
-        pl.when(pl.col("layer") == -1).then(None).otherwise(pl.col("layer")).alias("layer"))
+        keys = g.select(by).with_columns(pl.col("layer").fill_null(-1) if "layer" in by else [])
+        codes = keys.select(pl.struct(by).rank("dense").cast(pl.Int64)).to_series().to_numpy()
+        order = np.lexsort((s, codes))
+        c, ss, ee = codes[order], s[order], e[order]
+        total = np.zeros(int(c.max()) + 1 if len(c) else 1, dtype=np.int64)
+        new_group = np.r_[True, c[1:] != c[:-1]] if len(c) else np.array([], dtype=bool)
+        # the ends reached so far in the group, before each interval: what of it is new
+        reach = _group_cummax(ee, new_group)
+        prev = np.r_[np.int64(0), reach[:-1]] if len(reach) else reach
+        start = np.where(new_group, ss, np.maximum(ss, prev))
+        np.add.at(total, c, np.maximum(ee - start, 0))
+        first = keys.with_columns(pl.Series("_c", codes)).unique("_c").sort("_c")
+        for row in first.iter_rows(named=True):
+            rows.append({"by": name, "phase": row["phase"],
+                         "layer": None if row.get("layer", -1) == -1 else row.get("layer"),
+                         "direction": row.get("direction"), "busy_ns": int(total[row["_c"]])})
+    return pl.DataFrame(rows, schema={"by": pl.String, "phase": pl.String, "layer": pl.Int32,
+                                      "direction": pl.String, "busy_ns": pl.Int64}).with_columns(
+        pl.lit(w["rank"], pl.Int32).alias("rank"))
+
+
+def _group_cummax(x: np.ndarray, new_group: np.ndarray) -> np.ndarray:
+    """Running max of `x` that restarts where `new_group` is true (x ≥ 0)."""
+    if len(x) == 0:
+        return x
+    base = int(x.min())
+    y = x - base  # window-relative: the lift below stays far from int64's range
+    gid = np.cumsum(new_group) - 1
+    # lift each group above every earlier one, take one running max, drop the lift
+    lift = gid.astype(np.int64) * (int(y.max()) + 1)
+    return np.maximum.accumulate(y + lift) - lift + base

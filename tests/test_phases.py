@@ -67,10 +67,16 @@ def test_shipped_phases_validate_and_name_real_kernel_classes() -> None:
     assert named <= known, f"kernel classes not in kernel_classes.yaml: {sorted(named - known)}"
     book = load_phases()
     assert book.names[:2] == ("embedding", "attention") and "experts" in book.names
-    # every regex compiles in polars (Rust regex syntax)
-    names = pl.DataFrame({"name": ["x"]})
-    from moetune.analyzer.phases_book import range_labels
-    range_labels(names, book)
+    # every regex is in the common subset of Python's re (the labels) and Rust's regex (the
+    # kernel classes' syntax, which a reader of both files expects): both compile it
+    import re
+    pats = [r for s in doc["signatures"] for part in (s.get("ranges") or {}, (s.get("kernels") or {})
+            .get("match") or {}) for r in part.get("regex", [])] + doc["layers"]["regex"]
+    for r in pats:
+        re.compile(r)
+    pl.DataFrame({"name": ["x"]}).select([pl.col("name").str.contains(r) for r in pats[:1]]
+                                         + [pl.col("name").str.contains(r).alias(str(i))
+                                            for i, r in enumerate(pats)])
 
 
 def test_a_bad_user_phase_file_is_one_line(tmp_path: Path) -> None:
