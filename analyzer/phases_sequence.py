@@ -24,6 +24,7 @@ thread tells: the thread that launched the step's first work runs forward, other
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,7 @@ from moetune.analyzer.phases_book import NONE, PhaseBook, kernel_labels, matcher
 
 HOST_KINDS = ("cpu_op", "annotation", "python")
 # emit_nvtx / nsys --pytorch names an op "aten::mm, seq = 12, op_id = 34, sizes = [...]"
-_NVTX_SUFFIX = r",\s*(?:seq|op_id|sizes|input_op_ids|stream)\s*=.*$"
+_NVTX_TAIL = re.compile(r",\s*(?:seq|op_id|sizes|input_op_ids|stream)\s*=.*$")
 LAYER_KINDS = ("attention", "moe", "dense")
 
 ITEM_SCHEMA = {
@@ -115,19 +116,21 @@ def _host_ranges(events: pl.DataFrame, gpu: pl.DataFrame, win: pl.DataFrame, *, 
                   coalesce=True)
             .select("rank", pl.min_horizontal("_lo", "start_ns").alias("_lo"),
                     pl.max_horizontal("_hi", "end_ns").alias("_hi")))
-    host = (events.lazy().filter(pl.col("kind").is_in(HOST_KINDS) & pl.col("dur_ns").is_not_null())
+    host_rows = pl.col("kind").is_in(HOST_KINDS) & pl.col("dur_ns").is_not_null()
+    # the distinct names first: most host rows are ops no signature names, dropped by name
+    # before any other work on them
+    raw = events.lazy().filter(host_rows).select(pl.col("name").unique()).collect().get_column(
+        "name").drop_nulls().to_list()
+    norm = {n: _NVTX_TAIL.sub("", n) for n in raw}
+    labels = range_labels(sorted(set(norm.values())), book)
+    bwd = matcher(classes.backward_ops)
+    keep = [n for n in raw if norm[n] in labels or bwd(norm[n])]
+    host = (events.lazy().filter(host_rows & pl.col("name").is_in(keep))
             .select("rank", "tid", "ts_ns", "dur_ns", pl.col("kind").cast(pl.String), "name")
             .join(span, on="rank", how="inner")
             .filter((pl.col("ts_ns") <= pl.col("_hi")) & (pl.col("ts_ns") + pl.col("dur_ns") >= pl.col("_lo")))
-            .drop("_lo", "_hi")
-            .with_columns(pl.when(pl.col("kind") == "annotation")
-                          .then(pl.col("name").str.replace(_NVTX_SUFFIX, ""))
-                          .otherwise(pl.col("name")).alias("name")).collect())
-    names = host.get_column("name").unique().drop_nulls().to_list()
-    labels = range_labels(names, book)
-    bwd = matcher(classes.backward_ops)
-    rows = [(n, *labels.get(n, (NONE, NONE, False, False, None)), bwd(n)) for n in names]
-    rows = [r for r in rows if r[1] != NONE or r[2] != NONE or r[3] or r[5] is not None or r[6]]
+            .drop("_lo", "_hi").collect())
+    rows = [(n, *labels.get(norm[n], (NONE, NONE, False, False, None)), bwd(norm[n])) for n in keep]
     lab = pl.DataFrame(rows, schema={"name": pl.String, "def_sig": pl.Int32, "amb_sig": pl.Int32,
                                      "boundary": pl.Boolean, "marker": pl.Boolean,
                                      "layer": pl.Int32, "backward": pl.Boolean}, orient="row")
@@ -272,10 +275,10 @@ def _with_range_labels(items: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFram
     at = {k: innermost(items, ranges, mask=m, packed=pk) for k, m in masks.items()}
 
     def take(series: pl.Series, idx: np.ndarray, name: str) -> pl.Series:
-        got = series.gather(np.where(idx >= 0, idx, 0)) if series.len() else pl.Series(
-            [None] * len(idx), dtype=series.dtype)
-        return pl.Series(name, got, dtype=series.dtype).zip_with(
-            pl.Series(idx >= 0), pl.Series([None] * len(idx), dtype=series.dtype))
+        if series.len() == 0:
+            return pl.Series(name, [None] * len(idx), dtype=series.dtype)
+        at = pl.Series(idx, dtype=pl.Int64)
+        return series.gather(at.set(at < 0, None).cast(pl.UInt32)).alias(name)  # −1: null
 
     src = cols.get_column("source")
     return items.with_columns(
