@@ -17,6 +17,7 @@ import yaml
 
 from moetune.errors import UserError
 from moetune.resources import data, schema
+from moetune.schema_check import first_error
 
 GPUS_PATH = data("moetune.analyzer", "gpus.yaml")
 SCHEMA_PATH = schema("gpus")
@@ -32,30 +33,24 @@ class GpuModel:
 
 @cache
 def gpu_table(path: str | None = None) -> tuple[GpuModel, ...]:
-    """The table in file order (first match wins). A given file is validated against
-    schemas/gpus.schema.json; the shipped one is by the tests (tests/test_throughput.py), since
-    importing jsonschema alone would cost a small diagnosis a tenth of a second."""
+    """The table in file order (first match wins), validated against schemas/gpus.schema.json
+    at every load (moetune.schema_check: no jsonschema import)."""
     p = Path(path) if path else GPUS_PATH
     try:
         doc = yaml.safe_load(p.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise UserError(f"cannot read the GPU table: {exc}", path=p) from None
-    if path:
-        validate_gpus(doc, p)
+    validate_gpus(doc, p)
     return tuple(GpuModel(g["match"], g["arch"], MappingProxyType(dict(g.get("peak_tflops") or {})),
                           g.get("source")) for g in doc["gpus"])
 
 
 def validate_gpus(doc: Any, path: str | Path) -> None:
     """UserError naming the first place where `doc` breaks schemas/gpus.schema.json."""
-    import jsonschema
-
-    errors = sorted(jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
-                    .iter_errors(doc), key=str)
-    if errors:
-        e = errors[0]
-        where = "/".join(str(x) for x in e.absolute_path) or "(top)"
-        raise UserError(f"invalid GPU table at {where}: {e.message}", path=path)
+    err = first_error(doc, json.loads(SCHEMA_PATH.read_text()))
+    if err:
+        where = "/".join(str(x) for x in err[0]) or "(top)"
+        raise UserError(f"invalid GPU table at {where}: {err[1]}", path=path)
 
 
 def gpu_model(name: str | None) -> GpuModel | None:

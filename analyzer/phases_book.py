@@ -19,6 +19,7 @@ import yaml
 
 from moetune.errors import UserError
 from moetune.resources import data, schema
+from moetune.schema_check import first_error
 
 PHASES_PATH = data("moetune.analyzer", "phases.yaml")
 SCHEMA_PATH = schema("phases")
@@ -95,10 +96,7 @@ def _load(path: str) -> PhaseBook:
         doc = yaml.load(Path(path).read_text(), Loader=_YAML_LOADER)
     except (OSError, yaml.YAMLError) as exc:
         raise UserError(f"cannot read phases: {exc}", path=path) from None
-    # the shipped file is validated by the tests (tests/test_phases.py), a user's here: importing
-    # jsonschema costs a small diagnosis a tenth of a second
-    if Path(path).resolve() != PHASES_PATH.resolve():
-        validate_phases(doc, path)
+    validate_phases(doc, path)  # every load, the shipped file too (moetune.schema_check: ~1 ms)
     book = PhaseBook(
         phases=tuple(Phase(p["phase"], p["title"], p["part"], p.get("flops"), p.get("spreads", True))
                      for p in doc["phases"]),
@@ -123,14 +121,10 @@ def _load(path: str) -> PhaseBook:
 
 def validate_phases(doc: Any, path: str | Path) -> None:
     """UserError naming the first place where `doc` breaks schemas/phases.schema.json."""
-    import jsonschema
-
-    errors = sorted(jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
-                    .iter_errors(doc), key=str)
-    if errors:
-        e = errors[0]
-        where = "/".join(str(x) for x in e.absolute_path) or "(top)"
-        raise UserError(f"invalid phases at {where}: {e.message}", path=path)
+    err = first_error(doc, json.loads(SCHEMA_PATH.read_text()))
+    if err:
+        where = "/".join(str(x) for x in err[0]) or "(top)"
+        raise UserError(f"invalid phases at {where}: {err[1]}", path=path)
 
 
 def _scoped(rx: str) -> str:
