@@ -24,6 +24,7 @@ from moetune.analyzer.phases_table import TAIL, phase_times
 
 NS = 1e-9
 DIRECTIONS = ("forward", "backward", "recompute")
+RULE_FIELDS = ("share", "step_s", "busy_s", "exposed_s", "idle_s", "kernels", "launches", "host_s")
 
 
 def diagnosis_section(trace: Any, steps: Any, ctx: Any) -> dict[str, Any]:
@@ -86,6 +87,11 @@ def phases_document(add: pl.DataFrame, busy: pl.DataFrame, win: pl.DataFrame, *,
         "not_found": [p.phase for p in book.phases
                       if p.part != "step" and p.phase not in {r["phase"] for r in rows}],
     }
+    # the rules' view: maps keyed by phase and group (rules read dotted paths, not list rows)
+    doc["by_phase"] = {r["phase"]: {k: r[k] for k in RULE_FIELDS} for r in rows}
+    doc["groups"] = {g: {"share": sum(r["share"] for r in rows if r["phase"] in ph),
+                         "step_s": sum(r["step_s"] for r in rows if r["phase"] in ph)}
+                     for g, ph in book.groups.items()}
     if layers["distinguishable"]:
         doc["by_layer"] = _rows([r for r in add_rows if r[1] is not None],
                                 {(ph, la): b for _, ph, la, _, b in _sum(busy_rows, "layer")},

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,8 @@ class PhaseBook:
     blocks: tuple[Block, ...]
     layers: dict[str, list[str]] | None
     source: str
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    targets: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -109,10 +111,13 @@ def _load(path: str) -> PhaseBook:
                      for b in doc["blocks"]),
         layers=doc.get("layers"),
         source=Path(path).name,
+        groups={k: tuple(v) for k, v in (doc.get("groups") or {}).items()},
+        targets={k: tuple(v) for k, v in (doc.get("targets") or {}).items()},
     )
     named = {p for s in book.signatures for p in s.phases} | {
         p for b in book.blocks for p in (*b.when, *b.sequence)} | {
-        p for b in book.blocks for k, v in b.requires for p in (k, *v)}
+        p for b in book.blocks for k, v in b.requires for p in (k, *v)} | {
+        p for v in (*book.groups.values(), *book.targets.values()) for p in v}
     unknown = sorted(named - set(book.names))
     if unknown:
         raise UserError(f"phases named but not in the vocabulary: {', '.join(unknown)}", path=path)

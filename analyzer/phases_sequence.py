@@ -419,14 +419,14 @@ def resolve_stream(runs: list[_Run], book: PhaseBook, layers_per_pass: int | Non
     blocks = _blocks(runs, book)
     spreads = {p.phase: p.spreads for p in book.phases}
     counts: list[int] = []
-    layer, prev, seen_pass = 0, None, False
+    layer, prev = 0, None
     prev_kind: str | None = None
     prev_phase: str | None = None
     for kind, block in blocks:
         if kind is not None and kind.kind == "embedding":
-            if seen_pass or layer:
+            if layer:  # a pass ends (a second embedding block right after one ends none)
                 counts.append(layer)
-            layer, prev, seen_pass = 0, None, True
+            layer, prev = 0, None
         elif kind is not None and kind.kind in LAYER_KINDS:
             mlp = kind.kind != "attention"
             if (not mlp and prev != "attention") or (mlp and prev in ("moe", "dense")) or layer == 0:

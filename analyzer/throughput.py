@@ -63,7 +63,9 @@ def _world(args: Mapping[str, Any], ranks: pl.DataFrame) -> tuple[int | None, st
 
 
 def _dtype(args: Mapping[str, Any], observed: Mapping[str, Any]) -> tuple[str, str]:
-    if args.get("fp8") or args.get("fp8_format") or args.get("fp8_recipe"):
+    # `fp8` is the format (e4m3 / hybrid) when FP8 runs, None otherwise; fp8_recipe and its kin
+    # keep their defaults in every argument dump, FP8 or not
+    if args.get("fp8") or args.get("fp8_format"):
         return "fp8", "model"
     if observed.get("fp8_gemm"):
         return "fp8", "trace"
@@ -92,7 +94,7 @@ def throughput_document(doc: Mapping[str, Any], *, ranks: pl.DataFrame,
         "global_batch_size": None, "world_size": None, "world_size_source": None,
         "step_time_s": step, "tflops_per_gpu": None, "gpu": _device(ranks, contract),
         "dtype": None, "dtype_source": None, "peak_tflops": None, "peak_source": None, "mfu": None,
-        "phases": [], "log": None, "notes": [],
+        "phases": [], "by_phase": {}, "log": None, "notes": [],
     }
     notes: list[str] = out["notes"]
     if source is None:
@@ -127,6 +129,9 @@ def throughput_document(doc: Mapping[str, Any], *, ranks: pl.DataFrame,
         notes.append(f"no {dtype} peak for GPU {out['gpu'] or 'unknown'} in analyzer/gpus.yaml: "
                      "MFU unknown")
     out["phases"] = _phase_rates(doc.get("phases") or {}, parts, world)
+    out["by_phase"] = {p["phase"]: {"tflops": p["tflops"],
+                                    "mfu": p["tflops"] / peak if p["tflops"] is not None and peak
+                                    else None} for p in out["phases"]}
     if run_log and run_log.get("iterations"):
         out["log"] = log_check(run_log, flops=flops, world=world, step_s=step,
                                tflops=out["tflops_per_gpu"])

@@ -31,10 +31,11 @@ NSYS = ROOT / "fixtures" / "nsys"
 PUBLIC = ROOT.parent.parent / "shared" / "corpus" / "public"
 SCHEMA = json.loads((ROOT / "schemas" / "diagnosis.schema.json").read_text())
 MOE = ("router", "permute", "dispatch", "experts", "combine", "unpermute")
-# Megatron-Core traces with MoE layers: every GPU trace the project made with Megatron-Core
+# Megatron-Core traces with MoE layers: every GPU trace the project made with Megatron-Core, and
+# NVIDIA Megatron-LM's own pretrain_gpt.py runs (mlm_*)
 MCORE = sorted([d.name for d in TRACES.iterdir() if d.name.startswith(("gpu_mcore_", "gpu_tune_",
                                                                         "gpu_workload_", "grid_",
-                                                                        "gpu_ep2_"))])
+                                                                        "gpu_ep2_", "mlm_"))])
 # traces whose MoE layers run under CUDA graphs (local graphs of the router and preprocess
 # scopes): the graphed work has no host ops, and at EP 1 the token all-to-all launches nothing
 GRAPHED = {"grid_host_mbs8_grp_rcnone_a2a_local_droppad": ("dispatch", "combine")}
@@ -77,6 +78,25 @@ def test_shipped_phases_validate_and_name_real_kernel_classes() -> None:
     pl.DataFrame({"name": ["x"]}).select([pl.col("name").str.contains(r) for r in pats[:1]]
                                          + [pl.col("name").str.contains(r).alias(str(i))
                                             for i, r in enumerate(pats)])
+
+
+def test_targets_name_knobs_and_recommend_says_the_phase() -> None:
+    """Every knob a phase target names is in the knob catalog; a recommendation of one gives the
+    targeted phase's time now and after (tests/test_rules_catalog.py runs the fixtures)."""
+    from moetune.rules.engine import recommend
+    from moetune.rules.load import load_rules
+
+    from fixtures.diagnoses import load
+    from moetune.knobs import load as load_knobs
+
+    assert set(load_phases().targets) <= set(load_knobs().knobs)
+    s = load("slow_expert_gemms")
+    doc = recommend(load_rules(), s["diagnosis"], s["contract"], s.get("audit"))
+    rec = next(r for r in doc["recommendations"] if r["rule"] == "compute.grouped-gemm")
+    (row,) = rec["targets"]["phases"]
+    assert row["phase"] == "experts" and row["now_s"] == 0.18
+    saving = rec["gain"]["step_time_s"]["before"] * (1 - 1 / (1 + rec["gain"]["speedup"]["mid"]))
+    assert row["predicted_s"] == pytest.approx(0.18 - saving, abs=1e-6)
 
 
 def test_a_bad_user_phase_file_is_one_line(tmp_path: Path) -> None:
@@ -144,7 +164,7 @@ def test_dispatch_at_ep1_is_a_host_only_phase(mcore_docs: dict[str, dict]) -> No
 
 
 @pytest.mark.parametrize(("name", "step"), [("grid_host_mbs8_grp_rcnone_a2a_eager", 11),
-                                            ("gpu_mcore_computebound", 5)])
+                                            ("gpu_mcore_computebound", 4)])
 def test_moe_phases_match_the_hand_check(name: str, step: int, mcore_docs: dict[str, dict]) -> None:
     hand = forward_phase_ms(str(TRACES / name / "trace.json.gz"), step)
     doc = mcore_docs[name]
