@@ -183,13 +183,13 @@ def rank_breakdown(median: pl.DataFrame, add: pl.DataFrame) -> dict[str, Any]:
 
 def rank_rows(median: pl.DataFrame, add: pl.DataFrame) -> list[dict[str, Any]]:
     """One `rank_breakdown` row per rank from its median step's walls and phase times."""
-    per: dict[int, dict[str, float]] = {}
+    per: dict[int, dict[str, int]] = {}
     for rank, phase, ex, idle in add.select("rank", "phase", "exposed_ns", "idle_ns").rows():
         d = per.setdefault(int(rank), {})
-        d[phase] = d.get(phase, 0.0) + (ex + idle) * NS
+        d[phase] = d.get(phase, 0) + int(ex) + int(idle)  # whole ns: the sum is exact in any order
     rows = []
     for r in median.sort("rank").iter_rows(named=True):
-        ph = per.get(int(r["rank"]), {})
+        ph = {p: v * NS for p, v in per.get(int(r["rank"]), {}).items()}
         rows.append({
             "rank": int(r["rank"]), "step": int(r["step"]), "step_s": r["wall_ns"] * NS,
             "compute_s": r["compute_exposed_ns"] * NS,

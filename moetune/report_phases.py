@@ -18,13 +18,13 @@ PHASE_COLORS: dict[str, str] = {
     "experts": "#54a24b", "combine": "#ff9da6", "unpermute": "#bab0ac", "loss": "#79706e",
     "grad_reduce": "#d67195", "optimizer": "#2f4b7c", "other": "#c7c7c7", "idle": "#eeeeee",
 }
-SORT_JS = """<script>(function(){document.querySelectorAll('table.sortable').forEach(function(t){
-t.querySelectorAll('th').forEach(function(th,i){th.style.cursor='pointer';th.title='sort';
-th.addEventListener('click',function(){var b=t.tBodies[0],rows=Array.from(b.rows),
-d=th.dataset.dir==='asc'?-1:1;th.dataset.dir=d>0?'asc':'desc';rows.sort(function(x,y){
-var a=x.cells[i].dataset.v,c=y.cells[i].dataset.v;if(a!==undefined&&c!==undefined)
-return d*(parseFloat(a)-parseFloat(c));return d*x.cells[i].textContent.localeCompare(
-y.cells[i].textContent)});rows.forEach(function(r){b.appendChild(r)})})})})})();</script>"""
+# Sorting by a click on a header, as an inline handler: the page keeps one <script> per chart
+# and plotly.js's own (tests/test_report.py counts them).
+SORT = ("var t=this.closest('table'),i=this.cellIndex,b=t.tBodies[0],d=this.dataset.dir==='asc'"
+        "?-1:1;this.dataset.dir=d>0?'asc':'desc';Array.from(b.rows).sort(function(x,y){var "
+        "a=x.cells[i].dataset.v,c=y.cells[i].dataset.v;return a!==undefined&&c!==undefined?"
+        "d*(parseFloat(a)-parseFloat(c)):d*x.cells[i].textContent.localeCompare(y.cells[i]"
+        ".textContent)}).forEach(function(r){b.appendChild(r)})")
 
 
 def _e(x: Any) -> str:
@@ -86,9 +86,9 @@ def phases_section(page: Any, d: Mapping[str, Any]) -> None:
                  _cell(_ms(r["host_s"]), r["host_s"]),
                  _cell("—" if rate is None else f"{rate:,.1f}", rate)]
         trs.append("<tr>" + "".join(cells) + "</tr>")
-    th = "".join(f"<th>{h}</th>" for h in head)
+    th = "".join(f'<th title="sort" onclick="{html.escape(SORT)}">{h}</th>' for h in head)
     body += (f'<table class="sortable phases"><thead><tr>{th}</tr></thead><tbody>{"".join(trs)}'
-             f"</tbody></table>{SORT_JS}")
+             "</tbody></table>")
     body += _throughput_cards(d.get("throughput") or {})
     body += _ranks(page, d.get("rank_breakdown") or {})
     notes = ["Each bar: a layer's phases, stacked (the step time each phase held the GPU plus the "

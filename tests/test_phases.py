@@ -290,3 +290,44 @@ def test_many_ranks_path_gives_the_same_rank_breakdown(tmp_path: Path,
         assert x["step_s"] == pytest.approx(y["step_s"], abs=2e-6)
         assert x["phases"] == pytest.approx(y["phases"], abs=2e-6)
     assert many["slowest"]["rank"] == one["slowest"]["rank"]
+
+
+def test_megatron_nvtx_ranges_label_their_work() -> None:
+    """An nsys export of a run with Megatron's --nvtx-ranges (names as megatron/core/utils.py
+    nvtx_range_push writes them) around the launches: the ranges name the phase, source nvtx."""
+    from moetune.analyzer.frames import EVENTS_SCHEMA, conform
+    from moetune.analyzer.phases_sequence import label_items
+
+    ms = 1_000_000
+    rows = []
+    names = [("megatron.core.transformer.transformer_layer._forward_attention.self_attention",
+              "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn"),
+             ("megatron.core.transformer.moe.moe_layer.forward", "void at::native::sbtopk::gatherTopK<float>"),
+             ("megatron.core.transformer.transformer_layer._forward_mlp.mlp",
+              "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>")]
+    for i, (rng, kern) in enumerate(names):
+        t0 = i * 10 * ms
+        rows += [
+            {"rank": 0, "kind": "annotation", "name": rng, "ts_ns": t0, "dur_ns": 5 * ms, "pid": 1, "tid": 1},
+            {"rank": 0, "kind": "runtime", "name": "cudaLaunchKernel", "ts_ns": t0 + ms, "dur_ns": 10_000,
+             "pid": 1, "tid": 1, "correlation": i + 1},
+            {"rank": 0, "kind": "kernel", "name": kern, "ts_ns": t0 + 2 * ms, "dur_ns": ms, "pid": 0,
+             "tid": 7, "device": 0, "stream": 7, "correlation": i + 1},
+        ]
+    ev = conform(pl.DataFrame(rows), EVENTS_SCHEMA)
+    from moetune.analyzer.classify import classify
+
+    ev = classify(ev)
+    win = pl.DataFrame({"rank": [0], "step": [1], "start_ns": [0], "end_ns": [30 * ms],
+                        "win_start_ns": [0], "win_end_ns": [30 * ms]},
+                       schema_overrides={"rank": pl.Int32})
+    lab = label_items(ev, win, book=load_phases(), classes=load_classes(),
+                      comms=pl.DataFrame(schema={"rank": pl.Int32, "correlation": pl.Int64,
+                                                 "pg_desc": pl.String}),
+                      recompute=None, formats={0: "nsys"})
+    got = dict(lab.items.filter(pl.col("item") == "gpu").select("name", "phase").iter_rows())
+    src = dict(lab.items.filter(pl.col("item") == "gpu").select("name", "source").iter_rows())
+    gemm, topk, fill = (k for _, k in names)
+    assert got[gemm] == "attention" and src[gemm] == "nvtx"
+    assert got[topk] == "router" and src[topk] == "kernel"
+    assert got[fill] == "router"  # unlabelled work after the router, inside the MLP range
