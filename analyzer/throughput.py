@@ -200,7 +200,7 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
            if t.get("mfu") is not None else "")
     lines = [f"throughput: {t['tflops_per_gpu']:,.1f} TFLOP/s per GPU{mfu} · "
              f"{t['flops_per_step'] / 1e12:,.2f} TFLOP per step (Megatron's count, model from "
-             f"the {t['model_source']}, {t['world_size']} GPUs)"]
+             f"the {t['model_source']}, {t['world_size']} GPU{'s' if t['world_size'] != 1 else ''})"]
     rates = [f"{p['phase']} {p['tflops']:,.1f}" for p in t.get("phases") or [] if p.get("tflops")]
     if rates:
         lines.append("  achieved TFLOP/s per GEMM phase (model FLOPs over its busy time): "
