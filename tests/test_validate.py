@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
-from moetune.executor.ab import judge, run_noise
 from moetune.analyzer.flops import num_floating_point_operations, tflops_per_gpu
+from moetune.executor.ab import judge, run_noise
 from moetune.executor.launchers.base import RunResult
 from moetune.executor.logparse import parse_file, parse_text
 from moetune.executor.validate import Policy, Window, loss_health, run_metrics
