@@ -28,7 +28,6 @@ from tests.hand_phases import forward_phase_ms
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "fixtures" / "traces"
 NSYS = ROOT / "fixtures" / "nsys"
-PUBLIC = ROOT.parent.parent / "shared" / "corpus" / "public"
 SCHEMA = json.loads((ROOT / "schemas" / "diagnosis.schema.json").read_text())
 MOE = ("router", "permute", "dispatch", "experts", "combine", "unpermute")
 # Megatron-Core traces with MoE layers: every GPU trace the project made with Megatron-Core, and
@@ -210,8 +209,9 @@ def test_nsys_export_without_nvtx_reads_the_layer_by_its_kernels(tmp_path: Path)
 
 
 @pytest.mark.corpus
-def test_public_corpus_tiles_the_step() -> None:
-    files = sorted(p for p in PUBLIC.glob("*/*") if p.suffix in (".gz", ".sqlite")
+def test_public_corpus_tiles_the_step(corpus: Path) -> None:
+    public = corpus / "public"
+    files = sorted(p for p in public.glob("*/*") if p.suffix in (".gz", ".sqlite")
                    and "cpu_only" not in p.name)
     if not files:
         pytest.skip("public corpus not present")
@@ -219,7 +219,7 @@ def test_public_corpus_tiles_the_step() -> None:
         doc = _diagnose(f)
         _check_tiles(doc)
     # with_stack: the Python frames and modules label the phases and number the layers
-    doc = _diagnose(PUBLIC / "kineto" / "tracelens_h100_qwen05b_inference.json.gz")
+    doc = _diagnose(public / "kineto" / "tracelens_h100_qwen05b_inference.json.gz")
     ph = doc["phases"]
     assert ph["layers"] == {"distinguishable": True, "source": "stack", "count": 24, "why": None}
     rows = {r["phase"]: r for r in ph["rows"]}
