@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import polars as pl
@@ -81,7 +81,8 @@ class Summaries:
     memory: pl.DataFrame
     host_idle: pl.DataFrame
     meta: pl.DataFrame
-    phases: pl.DataFrame
+    # the newest table: callers that build Summaries by hand without it get an empty one
+    phases: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=SCHEMAS["phases"]))
 
     @classmethod
     def empty(cls) -> Summaries:
