@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from moetune.analyzer import device_memory
+from moetune.analyzer import device_memory, phases, throughput
 from moetune.analyzer.classify import KernelClasses, class_table, classify, load_classes
 from moetune.analyzer.frames import GPU_KINDS, Trace
 from moetune.analyzer.observed import gpu_facts, in_windows, observe
@@ -70,16 +70,21 @@ class Context:
     contract: dict[str, Any] | None
     reference_step_s: float | None = None  # the run's unprofiled step time (its log), if known
     recompute: pl.DataFrame | None = None  # walls.recompute_launches of `events`, if computed
+    classes: KernelClasses | None = None  # the kernel classes the events were classified with
+    run_log: dict[str, Any] | None = None  # the run's log, as throughput.log_check reads it
 
 
 Section = tuple[str, Callable[[Trace, Steps, Context], dict[str, Any]]]
 
 # Sections owned by other modules: the timeline graph (built once) gives critical_path, blocking
 # and, with several ranks, ranks; the allocator's events give memory; the median step's graph,
-# replayed with each applicable knob change, gives whatif.
+# replayed with each applicable knob change, gives whatif; the median step's work labelled by
+# phase gives phases and rank_breakdown, and throughput reads their busy times.
 SECTIONS: list[Section] = [("timeline_graph", diagnosis_section),
                            ("device_memory", device_memory.diagnosis_section),
-                           ("whatif", whatif_section)]
+                           ("whatif", whatif_section),
+                           ("phases", phases.diagnosis_section),
+                           ("throughput", throughput.diagnosis_section)]
 
 
 def diagnose(
@@ -119,8 +124,11 @@ def diagnose_trace(
     sections: Sequence[Section] | None = None,
     classes: KernelClasses | None = None,
     reference_step_s: float | None = None,
+    run_log: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Same as diagnose() for an already-read Trace."""
+    """Same as diagnose() for an already-read Trace. `run_log`: the run's log iterations (and
+    model arguments), read by the caller (the analyzer reads no logs): the throughput section's
+    cross-check."""
     cl = classes or load_classes()
     first = files[0] if files else None
     con = _load_contract(contract)
@@ -176,7 +184,8 @@ def diagnose_trace(
         "warnings": _warnings(trace, steps, events, observed),
     }
     ctx = Context(events=events, gpu=gpu, per_step=per_step, median=med, doc=doc, contract=con,
-                  reference_step_s=reference_step_s, recompute=rc_launches.result())
+                  reference_step_s=reference_step_s, recompute=rc_launches.result(), classes=cl,
+                  run_log=run_log)
     for name, fn in list(sections if sections is not None else SECTIONS):
         extra = fn(trace, steps, ctx) or {}
         clash = sorted(set(extra) & CORE_KEYS)

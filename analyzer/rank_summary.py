@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import polars as pl
@@ -24,6 +24,7 @@ from moetune.analyzer.steps import find_steps
 from moetune.analyzer.walls import (
     attribute_walls,
     fractions,
+    median_step,
     recompute_launches,
     recompute_ops,
     wall_layers,
@@ -31,7 +32,7 @@ from moetune.analyzer.walls import (
 
 from moetune.errors import UserError
 
-SUMMARY_VERSION = 2
+SUMMARY_VERSION = 3  # 3: the phases table
 
 # Table schemas: the contract between the map (one rank) and the reduce (all ranks).
 SCHEMAS: dict[str, pl.Schema] = {
@@ -54,6 +55,10 @@ SCHEMAS: dict[str, pl.Schema] = {
                          "source": pl.String}),
     # Host-side causes of GPU idle time over the analysed steps.
     "host_idle": pl.Schema({"rank": pl.Int32, "cause": pl.String, "s": pl.Float64}),
+    # The rank's median step (analyzer/phases.py): each phase's step time (`kind` phase) and the
+    # step split HTA-style (`kind` part: step, compute, communication, memory, host, idle).
+    "phases": pl.Schema({"rank": pl.Int32, "step": pl.Int64, "kind": pl.String, "name": pl.String,
+                         "s": pl.Float64}),
     # One row per rank: where it came from.
     "meta": pl.Schema({"rank": pl.Int32, "file": pl.String, "sha256": pl.String,
                        "bytes": pl.Int64, "format": pl.String, "world_size": pl.Int32,
@@ -76,6 +81,8 @@ class Summaries:
     memory: pl.DataFrame
     host_idle: pl.DataFrame
     meta: pl.DataFrame
+    # the newest table: callers that build Summaries by hand without it get an empty one
+    phases: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=SCHEMAS["phases"]))
 
     @classmethod
     def empty(cls) -> Summaries:
@@ -146,12 +153,14 @@ def summarize_trace(trace: Trace, *, file: str, sha256: str, size: int,
         raise UserError("has no GPU events (CPU-only profile?)", path=file)
     events = classify(trace.events, classes=cl)
     rc_ops = recompute_ops(events, classes=cl)
-    layers = wall_layers(events, recompute=recompute_launches(events, ops=rc_ops))
+    rc = recompute_launches(events, ops=rc_ops)
+    layers = wall_layers(events, recompute=rc)
     steps = find_steps(events, window=window, step_range=step_range, classes=cl, source_file=file)
     per_step = attribute_walls(events, steps.table, layers=layers)
     gpu = in_windows(events, steps.table)
     ranks = trace.ranks.sort("rank")
     return Summaries(
+        phases=_phases(trace, events, steps.table, per_step, rc, cl),
         steps=_conform(steps.table.select("rank", "step", start_ns="win_start_ns",
                                           end_ns="win_end_ns"), "steps"),
         walls=_walls(per_step),
@@ -176,11 +185,37 @@ def summarize_trace(trace: Trace, *, file: str, sha256: str, size: int,
     )
 
 
+def _phases(trace: Trace, events: pl.DataFrame, steps: pl.DataFrame, per_step: pl.DataFrame,
+            recompute: pl.DataFrame, classes: KernelClasses) -> pl.DataFrame:
+    """The `phases` table: each rank's median step by phase and by part (analyzer/phases.py)."""
+    from moetune.analyzer.phases import rank_rows
+    from moetune.analyzer.phases_book import load_phases
+    from moetune.analyzer.phases_sequence import label_items, windows
+    from moetune.analyzer.phases_table import phase_times
+
+    med = median_step(per_step)
+    if med.height == 0:
+        return pl.DataFrame(schema=SCHEMAS["phases"])
+    win = windows(steps, med)
+    formats = {int(r): str(f or "kineto") for r, f in trace.ranks.select("rank", "format").iter_rows()}
+    lab = label_items(events, win, book=load_phases(), classes=classes, comms=trace.comms,
+                      recompute=recompute, formats=formats)
+    add, _ = phase_times(lab.items, win)
+    rows = []
+    for r in rank_rows(med, add):
+        rows += [{"rank": r["rank"], "step": r["step"], "kind": "part", "name": k[:-2], "s": r[k]}
+                 for k in ("step_s", "compute_s", "communication_s", "memory_s", "host_s", "idle_s")]
+        rows += [{"rank": r["rank"], "step": r["step"], "kind": "phase", "name": p, "s": s}
+                 for p, s in r["phases"].items()]
+    return _conform(pl.DataFrame(rows, schema=SCHEMAS["phases"]), "phases")
+
+
 def _conform(df: pl.DataFrame, table: str) -> pl.DataFrame:
     """`df` with exactly the table's columns, in order and cast to its dtypes."""
     schema = SCHEMAS[table]
     return df.select([pl.col(c).cast(t) for c, t in schema.items()]).sort(
-        [c for c in ("rank", "step", "group", "k", "wall", "cls", "cause") if c in schema])
+        [c for c in ("rank", "step", "group", "k", "wall", "cls", "cause", "kind", "name")
+         if c in schema])
 
 
 def _walls(per_step: pl.DataFrame) -> pl.DataFrame:

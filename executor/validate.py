@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moetune.executor.flops import num_floating_point_operations
+from moetune.analyzer.flops import num_floating_point_operations
 from moetune.executor.launchers.base import RunResult
 from moetune.executor.logparse import ParsedLog, steady
 
@@ -154,7 +154,7 @@ def _median(xs: Sequence[float]) -> float | None:
 
 
 def _model_tflops(parsed: ParsedLog, step_ms: float | None) -> float | None:
-    """Model TFLOP/s/GPU from the run's own arguments (executor.flops), not from the log field."""
+    """Model TFLOP/s/GPU from the run's own arguments (analyzer.flops), not from the log field."""
     a = parsed.args
     need = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size")
     if not step_ms or not all(k in a for k in need):

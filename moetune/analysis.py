@@ -322,7 +322,8 @@ def analyze_trace(
         return Analysis(tuple(files), con, None, run.document(None, files=files), ref)
     diagnosis = diag.diagnose_trace(trace, files=files, window=window, contract=doc,
                                     step_range=step_range, sections=sections, classes=classes,
-                                    reference_step_s=ref.step_s if ref else None)
+                                    reference_step_s=ref.step_s if ref else None,
+                                    run_log=_run_log(ref))
     apply_reference(diagnosis, ref, device_bytes=trace_device_bytes(trace), contract=doc)
     report = None
     if run is not None:
@@ -337,6 +338,16 @@ def trace_device_bytes(trace: Any) -> dict[int, int]:
         return {}
     return {int(r): int(v) for r, v in ranks.select("rank", "device_memory_bytes").iter_rows()
             if r is not None and v}
+
+
+def _run_log(ref: Reference | None) -> dict[str, Any] | None:
+    """The reference log's iterations and model arguments, as the throughput section cross-checks
+    its FLOPs against them (moetune/runlog.py)."""
+    if ref is None or ref.log is None:
+        return None
+    from moetune.runlog import read_run_log
+
+    return read_run_log(ref.log)
 
 
 def _plain(con: Contract | None) -> dict[str, Any] | None:

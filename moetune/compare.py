@@ -334,7 +334,46 @@ def diff_analyses(a: Any, b: Any, *, top: int = TOP, labels: tuple[str, str] = (
         "observed": _observed(da, db),
         "audit": _audit(aa, ab),
         "memory": _memory(da, db),
-    } | ({"cross_rank": cr} if (cr := _cross_rank(da, db)) is not None else {})
+    } | ({"cross_rank": cr} if (cr := _cross_rank(da, db)) is not None else {}) | _phase_diff(da, db)
+
+
+def _phase_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """`phases` (each phase's step time in A and B, largest change first, and per layer where
+    both tell their layers apart) and `throughput` (TFLOP/s per GPU, MFU), where both diagnoses
+    have them."""
+    pa, pb = a.get("phases") or {}, b.get("phases") or {}
+    out: dict[str, Any] = {}
+    if pa and pb:
+        ra = {r["phase"]: r for r in pa.get("rows") or []}
+        rb = {r["phase"]: r for r in pb.get("rows") or []}
+        rows = []
+        for name in sorted(set(ra) | set(rb)):
+            x, y = ra.get(name) or {}, rb.get(name) or {}
+            sa, sb = _num(x.get("step_s")), _num(y.get("step_s"))
+            rows.append({"phase": name, "status": _status(name in ra, name in rb),
+                         "a_s": round(sa, 6), "b_s": round(sb, 6), "delta_s": round(sb - sa, 6),
+                         "share_a": round(_num(x.get("share")), 4),
+                         "share_b": round(_num(y.get("share")), 4),
+                         "busy_delta_s": round(_num(y.get("busy_s")) - _num(x.get("busy_s")), 6),
+                         "launches_delta": round(_num(y.get("launches")) - _num(x.get("launches")), 2)})
+        rows.sort(key=lambda r: (-abs(r["delta_s"]), r["phase"]))
+        out["phases"] = {"rows": rows, "by_layer": _layer_diff(pa, pb)}
+    ta, tb = a.get("throughput") or {}, b.get("throughput") or {}
+    if ta and tb:
+        out["throughput"] = {k: _pair(ta.get(k), tb.get(k), 4) for k in ("tflops_per_gpu", "mfu")}
+    return out
+
+
+def _layer_diff(pa: Mapping[str, Any], pb: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per (layer, phase) step time A → B, when both runs' layers are told apart alike."""
+    la, lb = pa.get("layers") or {}, pb.get("layers") or {}
+    if not (la.get("distinguishable") and lb.get("distinguishable")) or la.get("count") != lb.get("count"):
+        return []
+    xa = {(r["layer"], r["phase"]): r["step_s"] for r in pa.get("by_layer") or []}
+    xb = {(r["layer"], r["phase"]): r["step_s"] for r in pb.get("by_layer") or []}
+    return [{"layer": k[0], "phase": k[1], "a_s": round(xa.get(k, 0.0), 6),
+             "b_s": round(xb.get(k, 0.0), 6), "delta_s": round(xb.get(k, 0.0) - xa.get(k, 0.0), 6)}
+            for k in sorted(set(xa) | set(xb))]
 
 
 def _run_side(run: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from moetune import conditions as expr
+from moetune.analyzer.gpus import gpu_table
 from moetune.errors import UserError
 from moetune.resources import data, schema
 from moetune.yamlio import line_of, read_yaml
@@ -224,7 +225,7 @@ def _load(path: Path) -> Catalog:
                 raise fail(at, f"{f} belongs to both {by_flag[f].name} and {k.name}")
             if f is not None:
                 by_flag[f] = k
-    gpus = tuple((g["match"], g["arch"]) for g in doc["gpus"])
+    gpus = tuple((g.match, g.arch) for g in gpu_table())  # the one GPU table (analyzer/gpus.yaml)
     return Catalog(MappingProxyType(knobs), gpus, path, MappingProxyType(by_arg),
                    MappingProxyType(by_flag), MappingProxyType(lines))
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from moetune.analyzer import device_memory, observed, path_summary, ranks
+from moetune.analyzer import device_memory, observed, path_summary, phases, ranks, throughput
 
 WALL_ORDER = ("compute", "communication", "memory", "host")
 
@@ -82,6 +82,56 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
     )
     for line in (observed.summary_lines(doc) + path_summary.summary_lines(doc)
                  + ranks.summary_lines(doc) + device_memory.summary_lines(doc)):
+        out.print(line, markup=False)
+    render_phases(doc, out)
+
+
+LAYER_COLUMNS = 12  # more layers than this: the per-layer table is left to --json / the report
+
+
+def _msf(s: float | None) -> str:
+    return "—" if s is None else f"{s * 1e3:,.2f}"
+
+
+def render_phases(doc: dict[str, Any], console: Console | None = None) -> None:
+    """The phase table of the median step (and per layer when there are few), throughput."""
+    out = console or Console(highlight=False, soft_wrap=True)
+    ph = doc.get("phases") or {}
+    rows = ph.get("rows") or []
+    if rows:
+        # 80 columns: the busy / hidden times, launches and TFLOP/s are in --json and the report
+        t = Table(title="phases of the median step (ms; share of the step)", title_justify="left",
+                  show_edge=False, box=None, pad_edge=False, padding=(0, 1, 0, 0))
+        for col, just in (("phase", "left"), ("step", "right"), ("share", "right"),
+                          ("exposed", "right"), ("waited", "right"), ("f/b/r %", "right"),
+                          ("kernels", "right"), ("host", "right"), ("source", "left")):
+            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        for r in rows:
+            st = r["step_s"] or 0.0
+            split = "/".join(f"{(r[f'{d}_s'] / st * 100) if st else 0:.0f}" for d in phases.DIRECTIONS)
+            t.add_row(r["phase"], _msf(r["step_s"]), _pct(r["share"]), _msf(r["exposed_s"]),
+                      _msf(r["idle_s"]), split, f"{r['kernels']:,.0f}", _msf(r["host_s"]),
+                      r.get("source") or "—")
+        out.print(t)
+        out.print("waited: GPU idle until the phase's work started (the step waited for it to be "
+                  "issued); f/b/r: % of its step time in forward, backward, recompute; host: "
+                  "host time issuing it", markup=False)
+    layered = ph.get("by_layer") or []
+    count = (ph.get("layers") or {}).get("count") or 0
+    if layered and count <= LAYER_COLUMNS:
+        names = [n for n in (r["phase"] for r in rows) if any(x["phase"] == n for x in layered)]
+        t = Table(title="per layer (ms of the step)", title_justify="left", show_edge=False,
+                  box=None, pad_edge=False, padding=(0, 1, 0, 0))
+        t.add_column("layer", justify="right")
+        for n in names:
+            t.add_column(n, justify="right", no_wrap=True)
+        t.add_column("total", justify="right")
+        for layer in sorted({r["layer"] for r in layered}):
+            cells = {r["phase"]: r["step_s"] for r in layered if r["layer"] == layer}
+            t.add_row(str(layer), *[_msf(cells.get(n)) if n in cells else "" for n in names],
+                      _msf(sum(cells.values())))
+        out.print(t)
+    for line in phases.summary_lines(doc) + throughput.summary_lines(doc):
         out.print(line, markup=False)
 
 
@@ -269,6 +319,32 @@ def render_diff(doc: dict[str, Any], console: Console | None = None) -> None:
                   "either side)")
     for line in cross_rank_diff_lines(doc.get("cross_rank")):
         out.print(line, markup=False)
+    render_phase_diff(doc, out)
+
+
+def render_phase_diff(doc: dict[str, Any], console: Console | None = None) -> None:
+    """`moetune diff`'s phase table (step time per phase, A → B, largest change first) and the
+    throughput change."""
+    out = console or Console(highlight=False, soft_wrap=True)
+    ph = doc.get("phases") or {}
+    if ph.get("rows"):
+        t = Table(title="phases of the median step by |Δ|", title_justify="left",
+                  show_edge=False, box=None, pad_edge=False, padding=(0, 1, 0, 0))
+        for col, just in (("phase", "left"), ("", "left"), ("A ms", "right"), ("B ms", "right"),
+                          ("Δ ms", "right"), ("share A → B", "right")):
+            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        for r in ph["rows"]:
+            t.add_row(r["phase"], r["status"], _msf(r["a_s"]), _msf(r["b_s"]),
+                      f"{r['delta_s'] * 1e3:+,.2f}",
+                      f"{r['share_a'] * 100:.1f} → {r['share_b'] * 100:.1f} %")
+        out.print(t)
+    tp = doc.get("throughput") or {}
+    f = tp.get("tflops_per_gpu") or {}
+    if f.get("a") is not None and f.get("b") is not None:
+        m = tp.get("mfu") or {}
+        mfu = (f", MFU {m['a'] * 100:.1f} → {m['b'] * 100:.1f} %"
+               if m.get("a") is not None and m.get("b") is not None else "")
+        out.print(f"throughput: {f['a']:,.1f} → {f['b']:,.1f} TFLOP/s per GPU{mfu}", markup=False)
 
 
 def cross_rank_diff_lines(cr: dict[str, Any] | None) -> list[str]:

@@ -26,6 +26,7 @@ from moetune.report_format import (
     short,
     steps_text,
 )
+from moetune.report_phases import phases_section
 from moetune.resources import data as data_file
 from moetune.vocabulary import WALLS
 
@@ -67,6 +68,7 @@ def render(data: ReportData) -> str:
         page.walls_section(d)
         page.timeline_section(data.timeline, d)
         page.kernels_section(d, data.cpu_ops)
+        phases_section(page, d)
         page.ranks_section(d)
         page.memory_section(d, data.memory, data.memory_binned, data.timeline)
     page.audit_section(an.audit if an is not None else None, data.contract_given,

@@ -1,87 +1,67 @@
 """Many ranks: each rank's trace summarised on a worker (the map), the summaries cached as Parquet
 keyed by the trace's content hash, then reduced across ranks (`analyzer/cross_rank.py`).
 
-Engine: Dask `distributed` (the `scale` extra). A handful of files left to summarise runs
-in-process (no Dask needed); more start a `LocalCluster` (one single-threaded worker process per
-core, each under a memory limit; without Dask and without `workers=`, in-process one at a
-time); `scheduler=`/`scheduler_file=` attach to a running cluster
+Engine (`moetune/scale_cluster.py`): Dask `distributed` (the `scale` extra). A handful of files
+left to summarise runs in-process (no Dask needed); more start a `LocalCluster` (one
+single-threaded worker process per core, each under a memory limit; without Dask and without
+`workers=`, in-process one at a time); `scheduler=`/`scheduler_file=` attach to a running cluster
 (`dask scheduler` + `dask worker`, or `dask-jobqueue` on Slurm: docs/scale.md). Workers write the
 summary and return only where it is, so the client never holds a trace.
 
-Cache: `<cache>/v<SUMMARY_VERSION>/<sha[:2]>/<sha256>-<options>-<position>/<table>.parquet`,
-plus `<cache>/index.parquet` (path, size, mtime, position → summary directory), so a re-run finds
-its summaries without hashing or reading a trace. Default `<trace dir>/.moetune-cache/`;
-nothing a user gave is modified. Options are part of the key: `--window` or `--step-range` give
-other summaries.
+Cache (`moetune/scale_cache.py`): `<cache>/v<SUMMARY_VERSION>/<sha[:2]>/<sha256>-<options>-
+<position>/<table>.parquet`, plus `<cache>/index.parquet` (path, size, mtime, position → summary
+directory), so a re-run finds its summaries without hashing or reading a trace. Default `<trace
+dir>/.moetune-cache/`; nothing a user gave is modified. Options are part of the key: `--window`
+or `--step-range` give other summaries.
+
+Reduce (`moetune/scale_reduce.py`): the sections that speak of every rank.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
-import json
-import os
-import resource
-import sys
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from moetune import __version__
 from moetune.errors import UserError
-from moetune.progress import DELAY_S, SPIN, TICK_S
+from moetune.scale_cache import (
+    CACHE_NAME,
+    cache_dir,
+    options_key,
+    read_index,
+    stat_key,
+    summary_dir,
+    write_index,
+)
+from moetune.scale_cluster import (
+    IN_PROCESS_MAX,
+    INSTALL_HINT,
+    MIN_WORKER_GB,
+    WORKER_MEMORY,
+    Progress,
+    ScaleOptions,
+    has_dask,
+    on_dask,
+)
+from moetune.scale_reduce import (
+    MapResult,
+    cross_rank_lines,
+    cross_rank_section,
+    inputs,
+    load_rank_fn,
+    rank_breakdown_section,
+    ranks_section,
+    representative_rank,
+)
 
 if TYPE_CHECKING:  # polars and the analyzer load on use: every command's parser imports this
     from moetune.analyzer.rank_summary import Summaries
 
-IN_PROCESS_MAX = 4  # files left to summarise at or below which no cluster is started
 SCALE_ABOVE_FILES = 8  # commands take this path for directories of more files than this
-WORKER_MEMORY = 1_500_000_000  # bytes per LocalCluster worker: no process above 1.5 GB
-MIN_WORKER_GB = 0.5
-CONNECT_TIMEOUT_S = 10
-INSTALL_HINT = "pip install 'moetune[scale]'"
-CACHE_NAME = ".moetune-cache"
-
-
-@dataclass(frozen=True)
-class ScaleOptions:
-    """How to run the map (see the module doc); every field has a working default."""
-
-    cache: Path | None = None
-    scheduler: str | None = None
-    scheduler_file: Path | None = None
-    workers: int | None = None  # LocalCluster workers (default: the cores)
-    worker_memory: int = WORKER_MEMORY
-    in_process_max: int = IN_PROCESS_MAX
-    window: str | None = None
-    step_range: str | None = None
-    progress: bool = True
-
-    @property
-    def attached(self) -> bool:
-        return bool(self.scheduler or self.scheduler_file)
-
-
-@dataclass
-class MapResult:
-    """The summaries of every rank and how they were obtained."""
-
-    summaries: Summaries
-    files: list[Path]  # in the order given (a file's index is its default rank)
-    rank_file: dict[int, Path]  # rank → the file it came from
-    rank_in_file: dict[int, int]  # rank → its number in that file (differs where renumbered)
-    engine: str  # "cached", "in-process", "local cluster, N workers", "scheduler ADDRESS"
-    cache_dir: Path
-    computed: int  # files summarised in this run
-    cached: int  # files served from the cache
-    seconds: float
-    worker_peak_rss: dict[str, int] = field(default_factory=dict)  # worker → bytes (Dask only)
-    warnings: list[str] = field(default_factory=list)
+__all__ = ["CACHE_NAME", "IN_PROCESS_MAX", "SCALE_ABOVE_FILES", "MapResult", "ScaleOptions",
+           "cross_rank_lines", "load_rank_fn", "summary_dir"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -145,13 +125,13 @@ def summarize_ranks(paths: Sequence[str | Path], opts: ScaleOptions | None = Non
     files = rank_files(paths)
     if opts.scheduler_file is not None and not opts.scheduler_file.is_file():
         raise UserError("no such scheduler file", path=opts.scheduler_file)
-    cache, warnings = _cache_dir(files, opts.cache)
-    okey = _options_key(opts)
-    index = _read_index(cache)
+    cache, warnings = cache_dir(files, opts.cache)
+    okey = options_key(opts)
+    index = read_index(cache)
     found: dict[int, Path] = {}
     todo: list[int] = []
     for i, f in enumerate(files):
-        d = index.get(_stat_key(f, i, okey))
+        d = index.get(stat_key(f, i, okey))
         if d is not None and (d / "meta.parquet").is_file():
             found[i] = d
         else:
@@ -161,15 +141,15 @@ def summarize_ranks(paths: Sequence[str | Path], opts: ScaleOptions | None = Non
     computed = 0
     cached = len(found)
     if todo:
-        with _Progress(len(files), len(found), opts.progress, stream) as prog:
+        with Progress(len(files), len(found), opts.progress, stream) as prog:
             local = len(todo) <= opts.in_process_max
-            if not opts.attached and not local and opts.workers is None and not _has_dask():
+            if not opts.attached and not local and opts.workers is None and not has_dask():
                 # no cluster asked for and none possible: one rank after the other, here
                 local = True
                 warnings.append(f"Dask not installed: {len(todo)} ranks summarised in this "
                                 f"process, one at a time ({INSTALL_HINT} for a local cluster)")
             if opts.attached:
-                engine, out, peak = _on_dask(files, todo, cache, okey, opts, prog)
+                engine, out, peak = on_dask(_map_one, files, todo, cache, okey, opts, prog)
             elif local:
                 engine = "in-process"
                 out = {}
@@ -180,7 +160,7 @@ def summarize_ranks(paths: Sequence[str | Path], opts: ScaleOptions | None = Non
                         raise UserError(out[i]["error"])  # the first bad file stops the run
                     prog.advance(out[i]["cached"])
             else:
-                engine, out, peak = _on_dask(files, todo, cache, okey, opts, prog)
+                engine, out, peak = on_dask(_map_one, files, todo, cache, okey, opts, prog)
         for i in todo:
             r = out[i]
             if "error" in r:
@@ -188,7 +168,7 @@ def summarize_ranks(paths: Sequence[str | Path], opts: ScaleOptions | None = Non
             found[i] = Path(r["dir"])
             cached += bool(r["cached"])
             computed += not r["cached"]
-        _write_index(cache, {_stat_key(files[i], i, okey): found[i] for i in todo}, index)
+        write_index(cache, {stat_key(files[i], i, okey): found[i] for i in todo}, index)
     summaries, rank_file, rank_in_file = _as_given([found[i] for i in range(len(files))], files)
     return MapResult(summaries=summaries, files=files, rank_file=rank_file,
                      rank_in_file=rank_in_file, engine=engine,
@@ -220,90 +200,6 @@ def _map_one(path: str, index: int, cache: str, okey: str, window: str | None,
         from moetune.analyzer.readers.kineto import trim_heap
 
         trim_heap()  # the trace's freed memory back to the OS before the next file
-
-
-def summary_dir(cache: Path, sha: str, okey: str, index: int) -> Path:
-    """Where the summary of a file with this content is kept. The file's position is part of
-    the key because a file whose metadata names no rank takes its position as its rank."""
-    from moetune.analyzer import rank_summary
-
-    return cache / f"v{rank_summary.SUMMARY_VERSION}" / sha[:2] / f"{sha}-{okey}-{index}"
-
-
-def _options_key(opts: ScaleOptions) -> str:
-    from moetune.analyzer import rank_summary
-
-    blob = json.dumps({"v": rank_summary.SUMMARY_VERSION, "moetune": __version__,
-                       "window": opts.window, "step_range": opts.step_range}, sort_keys=True,
-                      default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def _cache_dir(files: list[Path], cache: Path | None) -> tuple[Path, list[str]]:
-    """The cache directory, created if need be: the one given, else `.moetune-cache/` beside
-    the first trace, else (that directory read-only) the user's cache directory."""
-    if cache is not None:
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(f"cannot create the cache directory: {exc.strerror or exc}",
-                            path=cache) from None
-        if not os.access(cache, os.W_OK):
-            raise UserError("cache directory is not writable", path=cache)
-        return cache, []
-    beside = files[0].parent / CACHE_NAME
-    with contextlib.suppress(OSError):
-        beside.mkdir(exist_ok=True)
-        if os.access(beside, os.W_OK):
-            return beside, []
-    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moetune" / "scale"
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"no writable cache directory (give --cache DIR): {exc.strerror or exc}",
-                        path=beside) from None
-    return home, [f"{files[0].parent}: not writable, summaries cached in {home}"]
-
-
-def _stat_key(f: Path, index: int, okey: str) -> tuple[str, int, int, int, str]:
-    try:
-        st = f.stat()
-    except OSError as exc:
-        raise UserError(f"cannot read: {exc.strerror or exc}", path=f) from None
-    return (str(f.resolve()), st.st_size, st.st_mtime_ns, index, okey)
-
-
-def _index_schema() -> Any:
-    import polars as pl
-
-    return pl.Schema({"path": pl.String, "size": pl.Int64, "mtime_ns": pl.Int64,
-                      "index": pl.Int64, "okey": pl.String, "dir": pl.String})
-
-
-def _read_index(cache: Path) -> dict[tuple[str, int, int, int, str], Path]:
-    import polars as pl
-
-    f = cache / "index.parquet"
-    try:
-        df = pl.read_parquet(f) if f.is_file() else pl.DataFrame(schema=_index_schema())
-        rows = df.select(_index_schema().names()).iter_rows()
-    except (OSError, pl.exceptions.PolarsError):
-        return {}  # a damaged index costs a re-hash, nothing more
-    return {(p, s, m, i, k): Path(d) for p, s, m, i, k, d in rows}
-
-
-def _write_index(cache: Path, new: dict[tuple[str, int, int, int, str], Path],
-                 old: dict[tuple[str, int, int, int, str], Path]) -> None:
-    import polars as pl
-
-    rows = [(*k, str(d)) for k, d in {**old, **new}.items()]
-    df = pl.DataFrame(rows, schema=_index_schema(), orient="row")
-    tmp = cache / f".index.{os.getpid()}.parquet"
-    try:
-        df.write_parquet(tmp)
-        tmp.replace(cache / "index.parquet")  # atomic: a concurrent run reads one or the other
-    except OSError:
-        tmp.unlink(missing_ok=True)  # no index: the next run hashes the files again
 
 
 def _as_given(dirs: list[Path], files: list[Path]
@@ -367,281 +263,6 @@ def _as_given(dirs: list[Path], files: list[Path]
     return Summaries(**out), rank_file, rank_in_file
 
 
-def _has_dask() -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("distributed") is not None
-    except (ImportError, ValueError):  # a blocked or broken install counts as none
-        return False
-
-
-def _dask() -> Any:
-    try:
-        import distributed
-    except ImportError:
-        raise UserError(f"summarising many ranks needs Dask: {INSTALL_HINT}") from None
-    return distributed
-
-
-def _on_dask(files: list[Path], todo: list[int], cache: Path, okey: str, opts: ScaleOptions,
-             prog: _Progress) -> tuple[str, dict[int, dict[str, Any]], dict[str, int]]:
-    """The files of `todo` mapped on a cluster: attached, or a LocalCluster started here."""
-    distributed = _dask()
-    with _client(distributed, opts, len(todo)) as (client, engine):
-        prog.engine = engine
-        futures = {}
-        run = uuid.uuid4().hex[:12]  # keys unique to this run: a shared scheduler never
-        # hands one run's result to another that mapped a file at the same position
-        _reset_peaks(client)
-        for i in todo:
-            fut = client.submit(_map_one, str(files[i]), i, str(cache), okey, opts.window,
-                                opts.step_range, pure=False, key=f"moetune-map-{run}-{i}")
-            futures[fut.key] = (i, fut)
-        out: dict[int, dict[str, Any]] = {}
-        try:
-            for fut in distributed.as_completed([f for _, f in futures.values()],
-                                               loop=client.loop):
-                i = futures[fut.key][0]
-                try:
-                    out[i] = fut.result()
-                except distributed.KilledWorker:
-                    more = ("give the cluster's workers more memory" if opts.attached else
-                            f"its limit is {opts.worker_memory / 1e9:g} GB: --worker-memory GB")
-                    raise UserError(f"the workers summarising it were killed (out of memory? "
-                                    f"{more})", path=files[i]) from None
-                if "error" in out[i]:
-                    raise UserError(out[i]["error"])  # the first bad file stops the run
-                prog.advance(out[i]["cached"])
-        finally:
-            for _, f in futures.values():
-                f.cancel()
-        peak = _worker_peaks(client)
-    return engine, out, peak
-
-
-@contextlib.contextmanager
-def _client(distributed: Any, opts: ScaleOptions, n: int) -> Iterator[tuple[Any, str]]:
-    """A connected client and the engine's name; a LocalCluster lives as long as the block."""
-    import logging
-
-    if opts.attached:
-        address = _scheduler_address(distributed, opts)
-        try:
-            client = distributed.Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
-        except (OSError, TimeoutError, ValueError) as exc:
-            text = " ".join(str(exc).split()) or type(exc).__name__
-            raise UserError(f"cannot reach the Dask scheduler ({text[:200]})",
-                            path=opts.scheduler_file or address) from None
-        try:
-            yield client, f"scheduler {client.scheduler.address}"
-        finally:
-            client.close()
-        return
-    workers = max(1, min(opts.workers or _cores(), n))
-    # Workers are single-threaded processes: polars in each gets one thread, so N workers use
-    # N cores rather than N² threads fighting over them.
-    saved = os.environ.get("POLARS_MAX_THREADS")
-    os.environ["POLARS_MAX_THREADS"] = "1"
-    try:
-        cluster = distributed.LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True,
-            memory_limit=opts.worker_memory, dashboard_address=None,
-            # no dashboard; the scheduler's HTTP endpoint on a free port, not 8787, which
-            # another cluster on this machine may hold
-            scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"},
-            silence_logs=logging.CRITICAL, host="127.0.0.1")  # our one line says it
-    finally:
-        if saved is None:
-            os.environ.pop("POLARS_MAX_THREADS", None)
-        else:
-            os.environ["POLARS_MAX_THREADS"] = saved
-    try:
-        client = distributed.Client(cluster, set_as_default=False)
-        try:
-            yield client, f"local cluster, {workers} worker{'s' if workers != 1 else ''}"
-        finally:
-            client.close()
-    finally:
-        cluster.close()
-
-
-def _scheduler_address(distributed: Any, opts: ScaleOptions) -> str:
-    """The scheduler's address, from the option or its scheduler file, checked before Dask gets
-    it: a plain TCP connect says at once that nobody listens (Dask would retry until its
-    timeout, and a client that never connected leaves noise on stderr at exit)."""
-    import socket
-
-    where: str | Path
-    if opts.scheduler_file is not None:
-        where = opts.scheduler_file
-        try:
-            info = json.loads(opts.scheduler_file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise UserError("no such scheduler file", path=where) from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise UserError(f"not a Dask scheduler file ({exc})".splitlines()[0],
-                            path=where) from None
-        address = info.get("address") if isinstance(info, dict) else None
-        if not isinstance(address, str) or not address:
-            raise UserError("not a Dask scheduler file (no address in it)", path=where)
-    else:
-        where = address = str(opts.scheduler)
-    try:
-        scheme, _ = distributed.comm.parse_address(address)
-        distributed.comm.registry.get_backend(scheme)  # an unknown scheme: ValueError here
-        host, port = (distributed.comm.get_address_host_port(address) if scheme in ("tcp", "tls")
-                      else (None, None))
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"not a Dask scheduler address {address!r} ({exc})", path=where) from None
-    if host is not None:
-        try:
-            socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
-        except OSError as exc:
-            raise UserError(f"cannot reach the Dask scheduler at {address} "
-                            f"({exc.strerror or exc})", path=where) from None
-    return address
-
-
-def _reset_peaks(client: Any) -> None:
-    """Start every worker's peak from its resident memory now, so the peak is this run's."""
-    with contextlib.suppress(Exception):  # a measurement, never a reason to fail the run
-        client.run(_reset_peak_rss)
-
-
-def _reset_peak_rss() -> None:
-    # a spawned worker inherits its parent's high-water mark across fork and exec;
-    # Linux ≥ 4.0 resets it to the current RSS on "5" (proc(5), clear_refs)
-    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _worker_peaks(client: Any) -> dict[str, int]:
-    """Peak resident memory of every worker process (bytes), as its kernel counted it."""
-    try:
-        return {str(k): int(v) for k, v in client.run(_peak_rss).items()}
-    except Exception:  # a measurement, never a reason to fail the run
-        return {}
-
-
-def _peak_rss() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-
-
-def _cores() -> int:
-    from moetune.analyzer.readers.cores import cpu_count
-
-    return cpu_count()
-
-
-class _Progress:
-    """`⠋ summarising ranks 37/512 (12 cached) · local cluster, 2 workers … 12.3 s` on stderr,
-    as `moetune.progress` does it: a terminal only, after a second, erased at the end."""
-
-    def __init__(self, total: int, done: int, enabled: bool, stream: TextIO | None) -> None:
-        self.total, self.done, self.cached = total, done, done
-        self.engine = "in-process"
-        self.err = stream or sys.stderr
-        self.enabled = enabled and getattr(self.err, "isatty", lambda: False)()
-        self._stop = threading.Event()
-        self._shown = False
-        self._t0 = time.monotonic()
-        self._thread: threading.Thread | None = None
-
-    def advance(self, cached: bool) -> None:
-        self.done += 1
-        self.cached += bool(cached)
-
-    def line(self) -> str:
-        return (f"summarising ranks {self.done}/{self.total} ({self.cached} cached) · "
-                f"{self.engine} … {time.monotonic() - self._t0:,.1f} s")
-
-    def _tick(self) -> None:
-        if self._stop.wait(DELAY_S):
-            return
-        i = 0
-        while not self._stop.is_set():
-            self.err.write(f"\r{SPIN[i % len(SPIN)]} {self.line()} ")
-            self.err.flush()
-            self._shown = True
-            i += 1
-            self._stop.wait(TICK_S)
-
-    def __enter__(self) -> _Progress:
-        if self.enabled:
-            self._thread = threading.Thread(target=self._tick, name="moetune-scale-progress",
-                                            daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        if self._shown:
-            self.err.write("\r\033[K")
-            self.err.flush()
-
-
-def load_rank_fn(result: MapResult) -> Callable[[int], Any]:
-    """`load_rank(rank) -> Trace` for the reduce: the full trace of one rank, re-read from its
-    file (only for the ranks the cross-rank critical path passes through)."""
-    from moetune.analyzer.frames import Trace
-    from moetune.analyzer.readers import sniff
-    from moetune.analyzer.readers.kineto import read_kineto
-    from moetune.analyzer.readers.nsys import read_nsys
-
-    index = {f: i for i, f in enumerate(result.files)}
-
-    def load_rank(rank: int) -> Trace:
-        import polars as pl
-
-        from moetune.analyzer.run_identity import renumber
-
-        f = result.rank_file.get(int(rank))
-        if f is None:
-            raise UserError(f"no file holds rank {rank}")
-        i, own = index[f], result.rank_in_file[int(rank)]
-        t = (read_kineto(f, default_rank=i) if sniff(f) == "kineto"
-             else read_nsys(f, first_rank=i))
-        if t.ranks.height > 1:  # a multi-rank export: the one rank asked for
-            keep = pl.col("rank") == own
-            t = Trace(events=t.events.filter(keep), comms=t.comms.filter(keep),
-                      flows=t.flows.filter(keep), ranks=t.ranks.filter(keep),
-                      memory=t.memory.filter(keep), warnings=t.warnings)
-        return t if own == int(rank) else renumber(t, {own: int(rank)})
-
-    return load_rank
-
-
-def cross_rank_section(result: MapResult) -> dict[str, Any]:
-    """`{"cross_rank": {...}}` from the summaries (`moetune.analyzer.cross_rank`)."""
-    from moetune.analyzer.cross_rank import cross_rank
-
-    return cross_rank(result.summaries, load_rank=load_rank_fn(result))
-
-
-def representative_rank(s: Summaries) -> int:
-    """The rank whose median step time is the median over ranks (lower median): a typical rank,
-    whose full trace stands for the run in the per-step sections of the diagnosis."""
-    import polars as pl
-
-    if s.steps.height == 0:
-        return int(s.meta.get_column("rank").min())
-    per = (s.steps.group_by("rank")
-           .agg(((pl.col("end_ns") - pl.col("start_ns")).sort().get(
-               (pl.len() - 1) // 2)).alias("t"))
-           .sort("t", "rank"))
-    return int(per.get_column("rank")[(per.height - 1) // 2])
-
-
 def summary_lines(result: MapResult) -> list[str]:
     """The terminal's line on how the ranks were summarised."""
     n = result.summaries.meta.height
@@ -666,6 +287,7 @@ def map_reduce(paths: Sequence[str | Path], opts: ScaleOptions, contract: Any = 
     with progress(f"reducing {s.meta.height} ranks", enabled=opts.progress, stream=stream):
         cross = cross_rank_section(result)
     cross["ranks"] = ranks_section(s, cross)
+    cross.update(rank_breakdown_section(s))
     return result, representative_rank(s), cross
 
 
@@ -691,7 +313,7 @@ def diagnose_many(paths: Sequence[str | Path], opts: ScaleOptions, contract: Any
         an = analyze([rep_file], contract, window=opts.window, step_range=opts.step_range,
                      audit=audit, extra_sections=extra_sections)
     doc = dict(an.diagnosis or {})
-    doc["inputs"] = _inputs(result)
+    doc["inputs"] = inputs(result)
     doc["ranks_analyzed"] = sorted(set(s.steps.get_column("rank").to_list()))
     n = s.meta.height
     doc["warnings"] = [*doc.get("warnings", []), *result.warnings,
@@ -718,46 +340,3 @@ def contract_window(opts: ScaleOptions, contract: Any) -> ScaleOptions:
                       step_range=opts.step_range or win.get("step_range"))
 
 
-def ranks_section(s: Summaries, cross: dict[str, Any] | None) -> dict[str, Any]:
-    """The diagnosis' `ranks` section (analyzer/ranks.py's figures: step time by rank,
-    stragglers, collective arrival skew) over every rank, from the summaries, on the clocks the
-    cross-rank reduce aligned, so `ranks` speaks of all ranks as it does in-process."""
-    from moetune.analyzer.collectives import match_collectives
-    from moetune.analyzer.ranks import arrival_skew, step_time_by_rank, straggler_fields
-
-    al = ((cross or {}).get("cross_rank") or {}).get("alignment") or {}
-    offsets = {int(k): int(v) for k, v in (al.get("offsets_ns") or {}).items()}
-    inst = s.collectives.select("rank", "group", "k", "ts_ns", "end_ns")
-    unlinked: dict[str, int] = {}
-    matched = match_collectives(inst, offsets, unlinked)
-    st = step_time_by_rank(s.steps)
-    # one verdict with the cross-rank view's: ranks that no collective joins are not peers
-    why = (((cross or {}).get("cross_rank") or {}).get("stragglers") or {}).get("unobservable")
-    return {
-        "count": s.meta.height,
-        "step_time_s_by_rank": {str(k): round(v, 9) for k, v in st.items()},
-        **straggler_fields(st, unobservable=why),
-        "collective_arrival_skew_s": arrival_skew(matched),
-        "alignment": {"method": al.get("method", "none"),
-                      "offsets_ns": {str(k): v for k, v in sorted(offsets.items())},
-                      "unaligned": list(al.get("unaligned", []))},
-        "unlinked": {"collectives_unmatched": unlinked.get("collectives_unmatched", 0),
-                     "collectives": inst.height},
-    }
-
-
-def cross_rank_lines(doc: dict[str, Any]) -> list[str]:
-    """The terminal's lines for the `cross_rank` section."""
-    from moetune.analyzer.cross_rank import summary_lines
-
-    return list(summary_lines(doc)) if doc.get("cross_rank") else []
-
-
-def _inputs(result: MapResult) -> list[dict[str, Any]]:
-    """The diagnosis' `inputs`: one entry per file, from the summaries' meta."""
-    by: dict[str, dict[str, Any]] = {}
-    for r in result.summaries.meta.sort("rank").iter_rows(named=True):
-        e = by.setdefault(r["file"], {"file": r["file"], "format": r["format"], "ranks": [],
-                                      "bytes": int(r["bytes"]), "sha256": r["sha256"]})
-        e["ranks"].append(int(r["rank"]))
-    return [by[k] for k in sorted(by)]

@@ -43,6 +43,7 @@ from moetune.rules.memory_advice import (
     memory_caveats,
     needs_room_but_unknown,
 )
+from moetune.rules.phase_targets import targeted_phases
 
 from moetune import __version__
 from moetune import conditions as expr
@@ -384,7 +385,7 @@ def _recommendation(
         "verify": verify,
         "why": spec["why"],
         "sources": list(spec["sources"]),
-    }
+    } | ({"targets": tg} if (tg := targeted_phases(knob.name, diagnosis, gain)) else {})
 
 
 def _evidence(observations: Iterable[expr.Observation]) -> list[dict[str, Any]]:

@@ -37,7 +37,8 @@ def _digests(d: Path) -> dict[str, str]:
 def _same(a: rs.Summaries, b: rs.Summaries) -> None:
     for name in rs.SCHEMAS:
         x, y = getattr(a, name), getattr(b, name)
-        keys = [c for c in ("rank", "step", "group", "k", "wall", "cls", "cause") if c in x.columns]
+        keys = [c for c in ("rank", "step", "group", "k", "wall", "cls", "cause", "kind", "name")
+                if c in x.columns]
         assert x.sort(keys).equals(y.sort(keys)), name
 
 

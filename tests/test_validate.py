@@ -1,4 +1,4 @@
-"""executor/validate.py and executor/flops.py: run metrics (drift), health checks, FLOPs formula;
+"""executor/validate.py and analyzer/flops.py: run metrics (drift), health checks, FLOPs formula;
 the sequential A/B's enabler rule (executor/ab.py)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
+from moetune.analyzer.flops import num_floating_point_operations, tflops_per_gpu
 from moetune.executor.ab import judge, run_noise
-from moetune.executor.flops import num_floating_point_operations, tflops_per_gpu
 from moetune.executor.launchers.base import RunResult
 from moetune.executor.logparse import parse_file, parse_text
 from moetune.executor.validate import Policy, Window, loss_health, run_metrics

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from moetune.analyzer.flops import num_floating_point_operations
 from moetune.analyzer.readers import load_trace
-from moetune.executor.flops import num_floating_point_operations
 from moetune.executor.logparse import parse_text
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -422,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log("moetune workload: memory lines on CPU report process RSS (MB)")
     log(f"[after megatron is initialized] datetime: {datetime.now():%Y-%m-%d %H:%M:%S.%f} ")
 
-    from moetune.executor.flops import num_floating_point_operations
+    from moetune.analyzer.flops import num_floating_point_operations
 
     flops = num_floating_point_operations(dump_args(args), args.global_batch_size)
     prof = make_profiler(args, rank, cuda)

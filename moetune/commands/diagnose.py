@@ -1,6 +1,6 @@
 """`moetune diagnose PATH... [--window A:B] [--json] [--contract FILE] [--step-range NAME]
-[--allow-mixed-runs] [--top N] [--quiet] [--cache DIR] [--scheduler ADDRESS | --scheduler-file
-FILE] [--workers N] [--worker-memory GB]`."""
+[--allow-mixed-runs] [--top N] [--csv DIR] [--parquet DIR] [--quiet] [--cache DIR]
+[--scheduler ADDRESS | --scheduler-file FILE] [--workers N] [--worker-memory GB]`."""
 
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--top", type=int, metavar="N",
                    help="also show the top N kernels by GPU time, host ops by self time and the "
                    "copies by kind (adds `top` to --json)")
+    p.add_argument("--csv", metavar="DIR",
+                   help="also write the phase table, the kernels by GPU time and the per-rank "
+                   "breakdown as CSV files into DIR")
+    p.add_argument("--parquet", metavar="DIR", help="the same tables as Parquet files into DIR")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="for scripts: one verdict line (with --json: the document), no hints, "
                    "warnings or progress; errors still go to stderr")
@@ -53,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("no PATH given and the default example trace is missing", path=DEFAULT_TRACE)
     if args.top is not None and args.top < 1:
         raise UserError("--top must be at least 1")
-    extra = [top_section(args.top)] if args.top else []
+    exporting = bool(args.csv or args.parquet)
+    # the export's kernel table: the --top N rows, or every kernel name
+    extra = [top_section(args.top)] if args.top else [top_section(None)] if exporting else []
     reference = reference_args.from_args(args)
     opts = scale.options_from_args(args)
     mapped = None
@@ -67,6 +73,14 @@ def run(args: argparse.Namespace) -> int:
             doc = analyze(paths, args.contract, window=args.window, step_range=args.step_range,
                           audit=False, allow_mixed_runs=args.allow_mixed_runs,
                           extra_sections=extra, reference_step_s=reference).diagnosis
+    if exporting:
+        from moetune.export import write_tables
+
+        for fmt, where in (("csv", args.csv), ("parquet", args.parquet)):
+            if where:
+                written = write_tables(doc, where, fmt=fmt)
+                if not args.quiet:
+                    print(f"wrote {', '.join(str(w) for w in written)}", file=sys.stderr)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     elif args.quiet:

@@ -228,6 +228,11 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
         if (mem := describe(r.get("memory"))) is not None:
             lines.append(f"memory: {mem[0]}")
             lines.append(f"  basis: {mem[1]}")
+        tg = r.get("targets")
+        if tg:
+            lines.append("targets: " + ", ".join(
+                f"{x['phase']} {_secs(x['now_s'])} → {_secs(x['predicted_s'])}"
+                for x in tg["phases"]) + " (predicted: the saving charged to these phases)")
         for u in r.get("unlocks") or []:
             usp, uch = u["gain"]["speedup"], u["change"]
             lines.append(f"unlocks: {u['rule']} ({uch['knob']} → {uch['to']}), predicted "

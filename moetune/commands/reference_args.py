@@ -10,7 +10,8 @@ from typing import Any
 LOG_HELP = ("the profiled run's Megatron log: its steady unprofiled step time (median of the "
             "iterations outside warm-up and the profiled span, which it names) is what the what-if "
             "estimates start from, and its memory report lines are the run's device memory where "
-            "the trace has no allocator events")
+            "the trace has no allocator events; its TFLOP/s per GPU cross-check the throughput "
+            "section")
 SNAPSHOT_HELP = ("a PyTorch memory snapshot of the run (Megatron's --record-memory-history "
                  "--memory-snapshot-path, one file per rank: <base>_<rank>.pickle; repeatable): "
                  "peak, fragmentation and the largest live allocations by stack")
