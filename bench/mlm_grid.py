@@ -78,6 +78,23 @@ def run_one(cmd: list[str], d: Path, env: dict[str, str], timeout: int = TIMEOUT
     return res
 
 
+def job_error(job: str, probes_: dict[str, Any]) -> str | None:
+    """Why `job` cannot run (None when it can)."""
+    kind, _, rest = job.partition(":")
+    rest = rest.removesuffix("@rep")
+    if kind == "probe":
+        return None if rest in probes_ else f"no probe {rest!r} (one of {sorted(probes_)})"
+    if kind == "ckpt":
+        return None if rest else "ckpt:MODE"
+    if kind not in ms.SHAPES:
+        return f"no shape {kind!r} (one of {sorted(ms.SHAPES)})"
+    try:
+        ms.knob_flags(ms.parse_id(rest))
+    except (ValueError, KeyError) as exc:
+        return f"not a point id like mbs8_seq_rcnone_a2a_eager[@rep] ({exc})"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -89,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
     t_end = time.time() + args.deadline_s
     walls: dict[str, float] = {}
     pr = probes(args.megatron, work)
+    for job in args.jobs:  # every job checked before the first runs: a typo costs no device time
+        if (bad := job_error(job, pr)) is not None:
+            print(f"mlm_grid: job {job!r}: {bad}", file=sys.stderr)
+            return 2
     for job in args.jobs:
         kind, _, rest = job.partition(":")
         repeat = rest.endswith("@rep")
@@ -173,15 +194,27 @@ def moetune_step(log_text: str, command: list[str], rc: int) -> dict[str, Any]:
     from moetune.executor.logparse import parse_text
     from moetune.executor.validate import Window, run_metrics
 
-    def flag(name: str, default: int) -> int:
-        return int(command[command.index(name) + 1]) if name in command else default
-
-    iters = flag("--train-iters", ms.TRAIN_ITERS)
-    start = flag("--profile-step-start", iters - 1)
+    iters = _flag(command, "--train-iters", ms.TRAIN_ITERS)
+    start = _flag(command, "--profile-step-start", iters - 1)
     m = run_metrics(parse_text(log_text), RunResult(rc, False, 0.0, Path("train.log")),
                     Window(3, start - 2))
     return {"step_ms": m["step_ms"], "window": m["window"], "drift": m["drift"],
             "drifting": m["drifting"], "window_median_ms": m["window_median_ms"]}
+
+
+def moetune_step_from_times(iter_ms: list[float], command: list[str]) -> dict[str, Any]:
+    """`moetune_step` from the record's iteration times, for a run whose log was not kept."""
+    from moetune.executor.validate import Window, run_level
+
+    iters = _flag(command, "--train-iters", ms.TRAIN_ITERS)
+    start = _flag(command, "--profile-step-start", iters - 1)
+    step, window_ms, drift, drifting = run_level(iter_ms[2:start - 2])
+    return {"step_ms": step, "window": str(Window(3, start - 2)), "drift": drift,
+            "drifting": drifting, "window_median_ms": window_ms, "from": "record's iter_ms"}
+
+
+def _flag(command: list[str], name: str, default: int) -> int:
+    return int(command[command.index(name) + 1]) if name in command else default
 
 
 def _logs(files: list[Path]) -> dict[tuple[str, str], str]:
@@ -215,6 +248,8 @@ def report(args: argparse.Namespace) -> int:
         text = logs.get((r["call"], r["id"]))
         if text is not None and r.get("status") == "ok":
             r.update(moetune_step(text, r.get("command") or [], r.get("rc") or 0))
+        elif r.get("status") == "ok" and r.get("iter_ms"):  # its log was not kept
+            r.update(moetune_step_from_times(r["iter_ms"], r.get("command") or []))
         cmd = r.get("command") or []
         if r.get("point", "").endswith("_local") and "--cuda-graph-modules" not in cmd:
             r["point"] = r["point"] + "_layer"  # call 2 ran "local" as whole layers
@@ -226,7 +261,7 @@ def report(args: argparse.Namespace) -> int:
         p = points.setdefault(key, {"shape": r["shape"], "point": r["point"], "runs": []})
         p["runs"].append({k: r.get(k) for k in ("call", "id", "status", "step_ms", "window",
                                                   "drift", "drifting", "window_median_ms",
-                                                  "iter_ms", "tflops_per_gpu", "max_alloc_gib",
+                                                  "from", "iter_ms", "tflops_per_gpu", "max_alloc_gib",
                                                   "max_reserved_gib", "wall_s", "init_s", "error")})
     for p in points.values():
         ok = [x["step_ms"] for x in p["runs"] if x["status"] == "ok" and x["step_ms"]]

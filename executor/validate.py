@@ -75,7 +75,6 @@ def run_metrics(parsed: ParsedLog, result: RunResult, window: Window,
     """What one run measured, and whether it failed (`cause` is None for a healthy run)."""
     it = parsed.iterations
     win = steady(it, first=window.first, last=window.last)
-    step_ms = _median(win.get_column("elapsed_ms").drop_nulls().to_list())
     losses = {int(r["iteration"]): r["lm_loss"] for r in win.iter_rows(named=True)}
     last_it = int(it.get_column("iteration").max()) if it.height else 0  # type: ignore[arg-type]
     skipped = int(it.get_column("skipped_iterations").fill_null(0).sum()) if it.height else 0
@@ -83,13 +82,9 @@ def run_metrics(parsed: ParsedLog, result: RunResult, window: Window,
     peak = parsed.memory.get_column("max_allocated_mb").max() if parsed.memory.height else None
     if peak is None and parsed.memory.height:
         peak = parsed.memory.get_column("allocated_mb").max()
-    tflops = _model_tflops(parsed, step_ms)
     times = win.get_column("elapsed_ms").to_list()
-    drift = _drift(times)
-    drifting = drift is not None and abs(drift) > DRIFT_LIMIT
-    window_ms = step_ms
-    if drifting:  # the window's later half: the run's level once the drift is behind it
-        step_ms = _median(times[len(times) - len(times) // 2:])
+    step_ms, window_ms, drift, drifting = run_level(times)
+    tflops = _model_tflops(parsed, window_ms)
     m: dict[str, Any] = {
         "window": str(window),
         "step_ms": step_ms,
@@ -136,6 +131,19 @@ def failure_cause(parsed: ParsedLog, result: RunResult, m: Mapping[str, Any],
     if m["step_ms"] is None:
         return "no-iterations"
     return None
+
+
+def run_level(times: Sequence[float | None]) -> tuple[float | None, float | None,
+                                                      float | None, bool]:
+    """(step ms, window median ms, drift, drifting) of a measured window's step times: the
+    window's median, or its later half's when the halves differ by more than DRIFT_LIMIT (the
+    run's level once the drift is behind it)."""
+    window_ms = _median([x for x in times if x is not None])
+    drift = _drift(times)
+    drifting = drift is not None and abs(drift) > DRIFT_LIMIT
+    step_ms = _median([x for x in times[len(times) - len(times) // 2:] if x is not None]) \
+        if drifting else window_ms
+    return step_ms, window_ms, drift, drifting
 
 
 def _drift(times: Sequence[float | None]) -> float | None:
