@@ -547,4 +547,4 @@ def test_megatron_lm_grid_max_allocated_and_its_oom_point() -> None:
                            "peak_reserved_gib": r["max_reserved_gib"], "device_gib": 139.8,
                            "iteration": 2})
                 assert v.verdict == verdict, start
-    assert seen == 9
+    assert seen == sum(p["status"] == "ok" for p in grid["points"]) >= 11
