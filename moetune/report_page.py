@@ -24,9 +24,9 @@ from moetune.report_format import (
     esc,
     ms,
     short,
-    steps_text,
 )
 from moetune.report_phases import phases_section
+from moetune.report_verdict import steps_card, verdict_line, window_text
 from moetune.resources import data as data_file
 from moetune.vocabulary import WALLS
 
@@ -63,6 +63,7 @@ def render(data: ReportData) -> str:
     page = _Page(go)
     an = data.analysis
     d = an.diagnosis if an is not None else None
+    page.verdict_section(data, d)
     page.run_section(data, d)
     if d is not None:
         page.walls_section(d)
@@ -135,16 +136,21 @@ class _Page(DecisionSections):
 
     # ---- sections
 
+    def verdict_section(self, data: ReportData, d: Mapping[str, Any] | None) -> None:
+        self.section("verdict", "Verdict", verdict_line(d, data.advice, data.problem or
+                                                         data.advice_problem),
+                     note="The evidence follows: walls, the median step's timeline, kernels, "
+                     "ranks, memory, the audit and every recommendation with its basis.")
+
     def run_section(self, data: ReportData, d: Mapping[str, Any] | None) -> None:
         cards = []
         if d is not None:
             w = d.get("window") or {}
-            steps = d.get("steps") or []
             cards = [("median step", ms(d.get("step_time_s"))),
                      ("dominant wall", d.get("dominant_wall") or "—"),
                      ("ranks analysed", str(len(d.get("ranks_analyzed") or []))),
-                     ("steps analysed", steps_text(steps)),
-                     ("steps from", w.get("step_source") or "—")]
+                     steps_card(d),
+                     ("steps from", (w.get("step_source") or "—").replace("_", " "))]
             cp = d.get("critical_path") or {}
             if cp.get("paced_by"):
                 cards.append(("paced by", cp["paced_by"]))
@@ -155,12 +161,7 @@ class _Page(DecisionSections):
             body += self.missing(f"No diagnosis: {esc(data.problem)}. The sections that need steps "
                                  "(walls, timeline, kernels, ranks, memory, advice) are left out.")
         if d is not None:
-            w = d.get("window") or {}
-            dropped = w.get("dropped_incomplete") or []
-            body += (f"<p>Steady window: {esc(w.get('declared') or 'all complete steps')}; steps "
-                     f"found {esc(steps_text(w.get('steps_found') or []))}"
-                     + (f", dropped as incomplete {esc(steps_text(dropped))}" if dropped else "")
-                     + ".</p>")
+            body += f"<p>{window_text(d)}</p>"
         rows = [[esc(m["rank"]), esc(m["file"]), esc(m["format"]), esc(m["device"] or "—"),
                  esc(f"{m['memory_gib']:.1f} GiB" if m["memory_gib"] else "—"), esc(m["sms"] or "—"),
                  esc(m["world_size"] or "—"), esc(m["backend"] or "—"), esc(m["nccl"] or "—")]
