@@ -267,29 +267,60 @@ def merge_runs(path: pl.DataFrame) -> pl.DataFrame:
 
 def downsample(boxes: pl.DataFrame, length_ns: int, *, max_boxes: int = LANE_MAX_BOXES
                ) -> tuple[pl.DataFrame, dict[str, int]]:
-    """Lanes with more than `max_boxes` events become LANE_BINS time bins each, coloured by the
-    wall busiest in the bin (n = events merged); the others keep one box per event (n = 1)."""
+    """Lanes with more than `max_boxes` events become LANE_BINS time bins each: a box spanning
+    its bin, coloured by the wall busiest in it and shaded by `occupancy` (the share of the bin
+    some event of the lane covers: nested host calls and overlapping kernels count once), so a
+    GPU busy 10 % of the step reads pale, not solid; n = events starting in the bin. Other lanes
+    keep one box per event (n = 1, occupancy 1)."""
     counts = boxes.group_by("lane").len()
     big = counts.filter(pl.col("len") > max_boxes)
     merged = dict(zip(big["lane"].to_list(), big["len"].to_list(), strict=True))
-    small = boxes.filter(~pl.col("lane").is_in(list(merged))).with_columns(n=pl.lit(1, pl.UInt32))
+    small = boxes.filter(~pl.col("lane").is_in(list(merged))).with_columns(
+        n=pl.lit(1, pl.UInt32), occupancy=pl.lit(1.0))
     if not merged:
         return small, {}
     width = max(1, math.ceil(length_ns / LANE_BINS))
-    many = boxes.filter(pl.col("lane").is_in(list(merged))).with_columns(
-        bin=pl.col("start") // width, d=pl.col("end") - pl.col("start"))
-    per_wall = many.group_by("lane", "bin", "wall").agg(pl.col("d").sum().alias("wd"))
-    top = per_wall.sort("wd", descending=True).group_by("lane", "bin").agg(
-        pl.col("wall").first(), pl.col("wd").sum().alias("busy"))
-    bins = (many.group_by("lane", "bin")
-            .agg(pl.col("start").min(), pl.col("end").max(), pl.len().alias("n"),
-                 pl.col("label").sort_by("d").last().alias("longest"))
-            .join(top, on=["lane", "bin"])
-            .with_columns(label=pl.format("{} events, {} µs busy; longest: {}", pl.col("n"),
-                                          (pl.col("busy") / 1000).round(1), pl.col("longest"))))
-    out = pl.concat([small, bins.select("lane", "start", "end", "wall", "label",
-                                        pl.col("n").cast(pl.UInt32))])
+    many = boxes.filter(pl.col("lane").is_in(list(merged)))
+    # each event cut at the bin edges it crosses: its time in every bin it touches
+    pieces = _by_bin(many.with_columns(d=pl.col("end") - pl.col("start")), width)
+    per_wall = pieces.group_by("lane", "bin", "wall").agg(pl.col("c").sum().alias("wd"))
+    top = (per_wall.sort(["wd", "wall"], descending=[True, False])
+           .group_by("lane", "bin").agg(pl.col("wall").first()))
+    stats = pieces.group_by("lane", "bin").agg(
+        (pl.col("bin") == pl.col("start") // width).sum().cast(pl.UInt32).alias("n"),
+        pl.col("label").sort_by("d").last().alias("longest"))
+    # the lane's union of intervals: what "busy" means for a bin
+    union = (many.sort("lane", "start")
+             .with_columns(reach=pl.col("end").cum_max().over("lane"))
+             .with_columns(new=(pl.col("start") > pl.col("reach").shift(1).over("lane"))
+                           .fill_null(True))
+             .with_columns(run=pl.col("new").cum_sum().over("lane"))
+             .group_by("lane", "run").agg(pl.col("start").min(), pl.col("end").max()))
+    busy = _by_bin(union, width).group_by("lane", "bin").agg(pl.col("c").sum().alias("busy"))
+    bins = (stats.join(top, on=["lane", "bin"]).join(busy, on=["lane", "bin"], how="left")
+            .with_columns(start=pl.col("bin") * width,
+                          end=pl.min_horizontal((pl.col("bin") + 1) * width, pl.lit(length_ns)),
+                          busy=pl.col("busy").fill_null(0))
+            .with_columns(occupancy=(pl.col("busy") / pl.max_horizontal(
+                pl.col("end") - pl.col("start"), pl.lit(1))).clip(0.0, 1.0))
+            .with_columns(label=pl.format("{} events, {} µs busy ({} % of the bin); longest: {}",
+                                          pl.col("n"), (pl.col("busy") / 1000).round(1),
+                                          (pl.col("occupancy") * 100).round(1),
+                                          pl.col("longest")))
+            .sort("lane", "bin"))
+    out = pl.concat([small, bins.select("lane", "start", "end", "wall", "label", "n",
+                                        "occupancy")])
     return out, merged
+
+
+def _by_bin(iv: pl.DataFrame, width: int) -> pl.DataFrame:
+    """Each interval's rows, one per time bin it touches, with `c` its time inside that bin."""
+    last = pl.max_horizontal(pl.col("end") - 1, pl.col("start")) // width
+    return (iv.with_columns(bin=pl.int_ranges(pl.col("start") // width, last + 1))
+            .explode("bin")
+            .with_columns(c=(pl.min_horizontal(pl.col("end"), (pl.col("bin") + 1) * width)
+                             - pl.max_horizontal(pl.col("start"), pl.col("bin") * width))
+                          .clip(0, None)))
 
 
 def memory_curve(memory: pl.DataFrame, *, rank: int, lo: int, hi: int

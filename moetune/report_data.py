@@ -19,7 +19,8 @@ class Timeline:
     rank: int
     step: int
     length_ns: int
-    boxes: pl.DataFrame      # lane, start, end, wall, label, n (events merged into the box)
+    boxes: pl.DataFrame      # lane, start, end, wall, label, n (events merged into the box),
+    #                          occupancy (share of the box some event covers; 1 for one event)
     path: pl.DataFrame       # the critical path's boxes (runs of one wall merged), as `boxes`
     edges: list[dict[str, Any]]  # blocking edges: src_lane, src_start, src_end (the awaited
     #                              communication on the path), dst_lane, dst_start, label, on_path

@@ -38,6 +38,7 @@ PATH_LANE = "critical path"
 PATH_MAX_BOXES = 3000  # the critical path is one lane, and the one read closest
 MAX_LANES = 16  # GPU streams and host threads of the median step, busiest first
 MEMORY_POINTS = 1500
+OCCUPANCY_FLOOR = 0.06  # opacity of a time bin with work but almost no busy time: still seen
 TOP_N = 15
 TOP_EDGES = 8
 NS = 1e-9
@@ -229,9 +230,12 @@ class _Page(DecisionSections):
             starts = p["start"].to_list() + b["start"].to_list()
             durs = ((p["end"] - p["start"]).to_list() + (b["end"] - b["start"]).to_list())
             labels = [chart_text(short(x, 120)) for x in p["label"].to_list() + b["label"].to_list()]
+            # a time bin's shade is its occupancy: a lane busy 10 % of the step reads pale
+            shade = [OCCUPANCY_FLOOR + (1 - OCCUPANCY_FLOOR) * x
+                     for x in p["occupancy"].to_list() + b["occupancy"].to_list()]
             fig.add_bar(name=w, orientation="h", y=ys, base=[s / 1e6 for s in starts],
                         x=[max(x, 1) / 1e6 for x in durs], marker_color=WALL_COLORS[w],
-                        marker_line_width=0, showlegend=w not in shown,
+                        marker_opacity=shade, marker_line_width=0, showlegend=w not in shown,
                         # plotly's %{x} of a bar with a base is its end: the length goes along
                         customdata=[[lab, s / 1e6, d / 1e3] for lab, s, d
                                     in zip(labels, starts, durs, strict=True)],
@@ -270,7 +274,8 @@ class _Page(DecisionSections):
                 f"{esc(k)} ({v:,} events)" for k, v in sorted(tl.merged.items()))
                 + f" shown as {LANE_BINS} time bins each (over {LANE_MAX_BOXES} events in a lane, "
                 f"{PATH_MAX_BOXES} on the critical path), "
-                "each coloured by its busiest wall; hover for counts.")
+                "each coloured by its busiest wall and shaded by its occupancy (the share of "
+                "the bin the lane was busy: pale is idle, solid is busy); hover for counts.")
         if tl.lanes_dropped:
             notes.append(f"{tl.lanes_dropped} quieter lane(s) not shown (at most {MAX_LANES}).")
         cp = d.get("critical_path") or {}
