@@ -1,5 +1,5 @@
 """The HTML report's recommendations: each ranked change with its flags, its predicted gain and
-its memory verdict (headline and basis, analyzer/planner/verdict.py `describe`, the words the
+its memory verdict, what to verify and its risk (moetune/recommendation_words.py: the words the
 terminal prints), a gate with the changes it unlocks, and the changes considered but predicted
 not to fit. Pure: strings in, HTML out; every string passes `redact_text`."""
 
@@ -22,6 +22,7 @@ def advice_body(advice: Mapping[str, Any] | None, problem: str | None, diagnosed
                 ) -> tuple[str, str | None]:
     """(the section's HTML, its note)."""
     from moetune.analyzer.planner.verdict import describe
+    from moetune.recommendation_words import memory_words, risk_text, verify_text
 
     if advice is None:
         why = problem or ("no diagnosis to advise on" if not diagnosed else "no advice")
@@ -58,7 +59,10 @@ def advice_body(advice: Mapping[str, Any] | None, problem: str | None, diagnosed
             f'<p>Predicted gain <b>{_pct(sp.get("mid"), True)}</b> (range '
             f'{_pct(sp.get("low"), True)} to {_pct(sp.get("high"), True)}){gate}. '
             f'Basis: {_e(g.get("basis"))}</p>'
-            + _memory_html(describe(r.get("memory")), r.get("memory")))
+            + _memory_html(memory_words(r), r.get("memory"))
+            + f'<p class="verify"><b>Verify</b> on the next profile: {_e(verify_text(r))}</p>'
+            + f'<p class="risk risk-{_e((r.get("risk") or {}).get("level"))}"><b>Risk</b> '
+            f'{_e(risk_text(r))}</p>')
         for u in r.get("unlocks") or []:
             usp = (u.get("gain") or {}).get("speedup") or {}
             ch = u.get("change") or {}

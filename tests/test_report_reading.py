@@ -212,3 +212,28 @@ def test_host_bound_timeline_looks_idle(pages: dict[str, Path], chrome: Browser,
     (artifacts / "hostbound_timeline.png").write_bytes(base64.b64decode(shot["data"]))
     assert chrome.errors() == []
     assert gpu < 0.1 and path > 0.3, (gpu, path)
+
+
+def test_recommendation_cards_say_what_the_terminal_says(pages: dict[str, Path]) -> None:
+    """Item 4: every card has the predicted memory (verdict and basis), what to verify and the
+    risk, in the very words `moetune recommend` prints for the same run."""
+    ref = ["--log", str(MLM / "train.log")]
+    code, term, err = run_cli(["recommend", str(MLM / "trace.json.gz"), *ref])
+    assert code == 0, err
+    recs = _json(["recommend", "--json", str(MLM / "trace.json.gz"), *ref])["recommendations"]
+    assert len(recs) >= 2
+    page = pages["mlm_hostbound"].read_text()
+    cards = re.findall(r'<article class="rec">(.*?)</article>', page, re.S)
+    assert len(cards) == len(recs)
+    for card, rec in zip(cards, recs, strict=True):
+        text = " ".join(html.unescape(re.sub(r"<[^>]+>", "", card)).split())
+        lines = {k: [ln.split(": ", 1)[1] for ln in term.splitlines() if ln.startswith(k + ": ")]
+                 for k in ("memory", "verify", "risk")}
+        verify = next(v for v in lines["verify"] if v.startswith(
+            (f"audit {rec['verify']['audit']}" if rec["verify"].get("audit") else "")
+            + ("" if rec["verify"].get("audit") else rec["verify"]["metric"])))
+        assert f"Verify on the next profile: {verify}" in text
+        assert f"Risk {rec['risk']['level']}: {'; '.join(rec['risk']['notes'])}" in text
+        assert f"risk: {rec['risk']['level']}: {'; '.join(rec['risk']['notes'])}" in term
+        assert f"Memory: {rec['memory']['verdict']}: " in text and "Basis: " in text
+        assert any(f"Memory: {m}" in text for m in lines["memory"])
