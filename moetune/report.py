@@ -343,21 +343,19 @@ def memory_curve(memory: pl.DataFrame, *, rank: int, lo: int, hi: int
 
 
 def cpu_ops(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame | None:
-    """CPU ops started inside the analysed steps' host windows: count and inclusive time per step
-    (nested ops count in their parents too), the TOP_N by time."""
-    ops = events.filter(pl.col("kind") == "cpu_op").select("rank", "name", "ts_ns", "dur_ns")
-    if ops.height == 0 or steps.height == 0:
+    """Host ops started inside the analysed steps, as `--top` counts them (analyzer/top.py
+    `op_table`): count, self time (less the ops nested in it) and inclusive time per step, the
+    TOP_N by self time. Inclusive time would rank the autograd wrappers first."""
+    from moetune.analyzer.top import op_table
+
+    table = op_table(events, steps)
+    if table.height == 0:
         return None
-    win = steps.select("rank", pl.col("start_ns").alias("lo"), pl.col("end_ns").alias("hi"))
-    hit = (ops.join(win, on="rank").filter(pl.col("ts_ns").is_between(pl.col("lo"), pl.col("hi"),
-                                                                      closed="left")))
-    if hit.height == 0:
-        return None
-    n = steps.height
-    return (hit.group_by("name").agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("t"))
-            .sort(["t", "name"], descending=[True, False]).head(TOP_N)
-            .select("name", (pl.col("count") / n).alias("per_step"),
-                    (pl.col("t") * NS / n).alias("per_step_s")))
+    n = steps.height  # (rank, step) pairs: per step and rank, as `--top` divides
+    return table.head(TOP_N).select(
+        "name", (pl.col("count") / n).alias("per_step"),
+        (pl.col("self_ns") * NS / n).alias("per_step_s"),
+        (pl.col("total_ns") * NS / n).alias("per_step_total_s"))
 
 
 # --------------------------------------------------------------------------- rendering

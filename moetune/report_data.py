@@ -39,7 +39,7 @@ class ReportData:
     advice: dict[str, Any] | None = None
     advice_problem: str | None = None
     timeline: Timeline | None = None
-    cpu_ops: pl.DataFrame | None = None  # name, count, per_step_s (inclusive)
+    cpu_ops: pl.DataFrame | None = None  # name, per_step, per_step_s (self), per_step_total_s
     memory: pl.DataFrame | None = None   # t_ms, allocated_gib, reserved_gib (median step, rank)
     memory_binned: bool = False
     metadata: list[dict[str, Any]] = field(default_factory=list)

@@ -292,6 +292,9 @@ class _Page(DecisionSections):
         body = '<div class="row">'
         if classes:
             top = classes[:TOP_N][::-1]
+            shown = (f"all {len(top)}" if len(top) == len(classes)
+                     else f"the top {len(top)} of {len(classes)}")
+            body += (f'<div><h3>Kernel classes: {shown}, by GPU time</h3>')
             fig = go.Figure()
             fig.add_bar(orientation="h", y=[chart_text(k) for k, _ in top],
                         x=[v["time_s"] / nsteps * 1e3 for _, v in top],
@@ -299,16 +302,20 @@ class _Page(DecisionSections):
                         customdata=[v["count"] for _, v in top],
                         hovertemplate="%{y}: %{x:.3f} ms/step, %{customdata} launches<extra></extra>")
             fig.update_layout(xaxis_title="ms per step (GPU time)", showlegend=False)
-            body += self.chart("kernel-classes", fig, height=120 + 22 * len(top))
+            body += self.chart("kernel-classes", fig, height=120 + 22 * len(top)) + "</div>"
         if ops is not None and ops.height:
             o = ops.reverse()
             fig = go.Figure()
             fig.add_bar(orientation="h", y=[chart_text(short(n, 48)) for n in o["name"].to_list()],
                         x=[t * 1e3 for t in o["per_step_s"].to_list()], marker_color="#e45756",
-                        customdata=o["per_step"].to_list(),
-                        hovertemplate="%{y}: %{x:.3f} ms/step, %{customdata:.0f} calls<extra></extra>")
-            fig.update_layout(xaxis_title="ms per step (CPU, inclusive)", showlegend=False)
-            body += self.chart("cpu-ops", fig, height=120 + 22 * o.height)
+                        customdata=[[c, t * 1e3] for c, t in zip(
+                            o["per_step"].to_list(), o["per_step_total_s"].to_list(), strict=True)],
+                        hovertemplate="%{y}: self %{x:.3f} ms/step (inclusive "
+                                      "%{customdata[1]:.3f} ms), %{customdata[0]:.0f} calls"
+                                      "<extra></extra>")
+            fig.update_layout(xaxis_title="ms per step (CPU self time)", showlegend=False)
+            body += (f"<div><h3>CPU ops: the top {o.height} by self time</h3>"
+                     + self.chart("cpu-ops", fig, height=120 + 22 * o.height) + "</div>")
         else:
             body += self.missing("No CPU ops in the analysed steps (an nsys export, or a profile "
                                  "without record_shapes/cpu_op rows).")
@@ -342,9 +349,10 @@ class _Page(DecisionSections):
         else:
             body += self.missing("No copies in the analysed steps.")
         self.section("kernels", "Kernels, CPU ops and copies", body,
-                     note=f"Top {TOP_N} kernel classes (coloured by wall) and CPU ops; CPU time is "
-                     "inclusive (an op's children count in it too). Per step: totals over the "
-                     "analysed steps divided by their number.")
+                     note="Kernel classes coloured by wall. CPU ops ranked by self time (an op's "
+                     "time less the ops nested in it, as `moetune diagnose --top` ranks them; "
+                     "hover for the inclusive time). Per step: totals over the analysed steps "
+                     "(and ranks) divided by their number.")
 
     def ranks_section(self, d: Mapping[str, Any]) -> None:
         rk = d.get("ranks")
@@ -397,8 +405,7 @@ class _Page(DecisionSections):
                      f"{m.get('peak_reserved_gib') or 0:.2f} GiB of "
                      f"{m.get('device_gib') or 0:.1f} GiB (source: {esc(m.get('source'))}).</p>")
         if curve is None:
-            body += self.missing("No allocator events in this step: profile with "
-                                 "profile_memory=True (Kineto) to see memory over the step.")
+            body += self.missing("No allocator events in this step: " + _memory_hint(d))
             self.section("memory", "Device memory", body)
             return
         go = self.go
@@ -417,6 +424,20 @@ class _Page(DecisionSections):
         self.section("memory", "Device memory", body + self.chart("memory", fig, 280), note=note)
 
 
+
+
+def _memory_hint(d: Mapping[str, Any]) -> str:
+    """How to record device memory over a step, in the words of the profiler that wrote the
+    trace: nsys and Kineto spell it differently."""
+    formats = {i.get("format") for i in d.get("inputs") or []}
+    hints = []
+    if "nsys" in formats:
+        hints.append("profile with <code>nsys profile --cuda-memory-usage=true</code> (Nsight "
+                     "Systems) to see the GPU memory the driver allocated over the step")
+    if formats - {"nsys"} or not formats:
+        hints.append("profile with <code>profile_memory=True</code> (torch.profiler) to see the "
+                     "caching allocator's memory over the step")
+    return "; ".join(hints) + "."
 
 
 def _css() -> str:

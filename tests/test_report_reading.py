@@ -237,3 +237,48 @@ def test_recommendation_cards_say_what_the_terminal_says(pages: dict[str, Path])
         assert f"risk: {rec['risk']['level']}: {'; '.join(rec['risk']['notes'])}" in term
         assert f"Memory: {rec['memory']['verdict']}: " in text and "Basis: " in text
         assert any(f"Memory: {m}" in text for m in lines["memory"])
+
+
+def _figure(page: str, cid: str) -> list[dict]:
+    """The data array plotly draws in chart `cid`."""
+    at = re.search(rf'Plotly\.newPlot\(\s*"chart-{cid}",', page).start()
+    start = page.index("[", at)
+    return json.JSONDecoder().raw_decode(page[start:])[0]
+
+
+def test_cpu_ops_by_self_time_as_top_ranks_them(pages: dict[str, Path]) -> None:
+    """Item 5: the CPU ops chart ranks by self time with `diagnose --top`'s numbers (inclusive
+    time would put CheckpointFunctionBackward, 3.1 s inclusive but 0.54 s self, first)."""
+    page = pages["mlm_hostbound"].read_text()
+    top = _json(["diagnose", "--json", "--top", "15", str(MLM / "trace.json.gz")])["top"]
+    bars = _figure(page, "cpu-ops")[0]
+    names = [re.sub(r"…$", "", n) for n in bars["y"][::-1]]
+    want = top["ops"][:15]
+    assert len(names) == len(want) == 15
+    for name, x, row in zip(names, bars["x"][::-1], want, strict=True):
+        assert row["name"].startswith(name)
+        assert x == pytest.approx(row["self_s"] / top["rank_steps"] * 1e3, abs=1e-3)  # 1 µs
+    assert names[0] == "aten::mm"
+    assert "CPU ops: the top 15 by self time" in page and "ms per step (CPU self time)" in page
+
+
+def test_kernel_class_title_counts_its_bars(pages: dict[str, Path]) -> None:
+    """Item 5: the kernel-class chart's title says how many bars it draws."""
+    for name in ("mlm_hostbound", "nsys_whole_trace"):
+        page = pages[name].read_text()
+        n = len(_figure(page, "kernel-classes")[0]["y"])
+        m = re.search(r"<h3>Kernel classes: (all (\d+)|the top (\d+) of \d+), by GPU time</h3>",
+                      page)
+        assert m and int(m.group(2) or m.group(3)) == n, (name, n)
+        assert f"Top {n + 5} kernel classes" not in page and "Top 15 kernel classes" not in page
+
+
+def test_nsys_page_advises_the_nsys_memory_option(pages: dict[str, Path]) -> None:
+    """Item 5: an nsys trace without memory events is told nsys's option, not Kineto's."""
+    nsys = _plain(pages["nsys_whole_trace"].read_text(), "memory")
+    assert "nsys profile --cuda-memory-usage=true" in nsys and "profile_memory" not in nsys
+    code, _, err = run_cli(["report", str(ROOT / "fixtures" / "traces" / "gpu_mcore_hostbound"),
+                            "-o", str(pages["nsys_trace"].with_name("kineto.html"))])
+    assert code == 0, err
+    kineto = _plain(pages["nsys_trace"].with_name("kineto.html").read_text(), "memory")
+    assert "profile_memory=True" in kineto and "cuda-memory-usage" not in kineto
