@@ -57,10 +57,16 @@ def collect(
     step_range: str | None = None,
     allow_mixed_runs: bool = False,
     reference: Any = None,
+    log: str | Path | None = None,
+    baseline_contract: str | Path | None = None,
+    baseline_log: str | Path | None = None,
 ) -> ReportData:
     """Read the run (and optionally its ledger and a baseline run) into a `ReportData`.
     `reference`: the run's reference inputs (`moetune.analysis.read_reference`), as `recommend`
-    takes them, so the page's advice and memory are the same numbers.
+    takes them, so the page's advice and memory are the same numbers. `log`: the run's Megatron
+    log (the reference's), read again for its arguments; `baseline_contract`, `baseline_log`: the
+    baseline's, for its audit, reference step and arguments. Each side's arguments (contract,
+    else log) give the comparison's configuration delta.
 
     Unreadable files and invalid contracts are UserErrors as everywhere; a run the pipeline cannot
     analyse (no GPU work, no step) still gives a page that says why.
@@ -93,10 +99,15 @@ def collect(
         tl, cpu, mem, binned = _step_views(trace, an.diagnosis, window=win, step_range=rng)
     base, diff = None, None
     if baseline:
-        # the contract describes this run; the baseline's claims are not known
-        base = collect(baseline, None, window=window, step_range=step_range,
-                       allow_mixed_runs=allow_mixed_runs)
-        diff = _diff(base, an)
+        from moetune.analysis import read_reference
+
+        # the contract describes this run; the baseline's claims are its own contract's
+        base = collect(baseline, baseline_contract, window=window, step_range=step_range,
+                       allow_mixed_runs=allow_mixed_runs,
+                       reference=read_reference(baseline_log, require_step=False)
+                       if baseline_log else None)
+        diff = _diff(base, an, arguments(baseline_contract, baseline_log),
+                     arguments(contract, log))
     return ReportData(names, an, advice=advice, advice_problem=advice_problem, timeline=tl,
                       cpu_ops=cpu, memory=mem, memory_binned=binned, metadata=meta,
                       baseline=base, diff=diff, contract_given=con is not None,
@@ -127,15 +138,41 @@ def _ledger_fields(path: str | Path | None) -> dict[str, Any]:
     return {"ledger": doc, "ledger_name": p.name}
 
 
-def _diff(base: ReportData, an: Analysis) -> dict[str, Any] | None:
-    """The `moetune diff` document of baseline → this run (None when either has no diagnosis)."""
-    from moetune.compare import diff_analyses, model_of
+Arguments = tuple[str | None, dict[str, Any], dict[str, Any]]
+
+
+def arguments(contract: Any, log: str | Path | None) -> Arguments:
+    """(where from, Megatron arguments, model fields) of one run: its contract's, else its
+    Megatron log's; (None, {}, {}) with neither."""
+    from moetune.analyzer.contract import thaw
+    from moetune.compare import config_of, model_of
+
+    if contract is not None:
+        doc = thaw(read_contract(contract))
+        if doc.get("megatron_args"):
+            return "contract", config_of(doc), model_of(doc)
+    if log is not None:
+        from moetune.analyzer.megatron_args import contract_from_log
+        from moetune.errors import read_user_text
+
+        found = contract_from_log(read_user_text(Path(log), errors="replace"))
+        if found:
+            return "log", config_of(found), model_of(found)
+    return None, {}, {}
+
+
+def _diff(base: ReportData, an: Analysis, args_a: Arguments, args_b: Arguments
+          ) -> dict[str, Any] | None:
+    """The `moetune diff` document of baseline → this run (None when either has no diagnosis),
+    its configuration delta from each side's `arguments`."""
+    from moetune.compare import config_delta, diff_analyses
 
     if base.analysis is None or base.analysis.diagnosis is None or an.diagnosis is None:
         return None
     return diff_analyses(base.analysis, an, labels=("baseline", "this run"),
-                         model_a=model_of(base.analysis.contract_doc) or None,
-                         model_b=model_of(an.contract_doc) or None)
+                         model_a=args_a[2] or None, model_b=args_b[2] or None,
+                         config=config_delta(args_a[1], args_b[1],
+                                             sources=(args_a[0], args_b[0])))
 
 
 def rank_metadata(ranks: pl.DataFrame) -> list[dict[str, Any]]:

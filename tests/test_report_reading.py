@@ -282,3 +282,48 @@ def test_nsys_page_advises_the_nsys_memory_option(pages: dict[str, Path]) -> Non
     assert code == 0, err
     kineto = _plain(pages["nsys_trace"].with_name("kineto.html").read_text(), "memory")
     assert "profile_memory=True" in kineto and "cuda-memory-usage" not in kineto
+
+
+def test_baseline_takes_its_own_contract_or_log(tmp_path: Path) -> None:
+    """Item 6: `report --baseline` takes the baseline's log (`--baseline-log`) or contract
+    (`--baseline-contract`), and the comparison opens with what configuration changed."""
+    mbs8 = TRACES / "mlm_host_mbs8_rcnone"
+    page = tmp_path / "logs.html"
+    code, _, err = run_cli(["report", str(mbs8 / "trace.json.gz"), "--log", str(mbs8 / "train.log"),
+                            "--baseline", str(MLM / "trace.json.gz"), "--baseline-log",
+                            str(MLM / "train.log"), "-o", str(page)])
+    assert code == 0, err
+    text = _plain(page.read_text(), "baseline")
+    assert text.startswith(
+        "Against the baseline Configuration (baseline's log, this run's log): "
+        "eval_micro_batch_size 1 → 8, micro_batch_size 1 → 8, recompute_granularity full → unset, "
+        "recompute_method uniform → unset, recompute_num_layers 1 → unset. Baseline"), text
+    assert "model shape not compared" not in text
+    # the baseline's log is its memory evidence (2.83 GiB; unknown without it), as --log is
+    # this run's (5.69 GiB)
+    assert "peak allocated memory: 2.83 GiB → 5.69 GiB" in text
+    no, yes = TRACES / "gpu_ep2_alltoall_nooverlap", TRACES / "gpu_ep2_alltoall_overlap"
+    page = tmp_path / "contracts.html"
+    code, _, err = run_cli(["report", str(yes), "--contract", str(yes / "golden" / "contract.yaml"),
+                            "--baseline", str(no), "--baseline-contract",
+                            str(no / "golden" / "contract.yaml"), "-o", str(page)])
+    assert code == 0, err
+    text = _plain(page.read_text(), "baseline")
+    assert text.startswith("Against the baseline Configuration (baseline's contract, this run's "
+                           "contract): overlap_grad_reduce false → true."), text
+    # without them the page says which options would tell, not a request it cannot take
+    code, _, err = run_cli(["report", str(MLM / "trace.json.gz"), "--baseline",
+                            str(mbs8 / "trace.json.gz"), "-o", str(tmp_path / "none.html")])
+    assert code == 0, err
+    text = _plain((tmp_path / "none.html").read_text(), "baseline")
+    assert ("Configuration: not compared, no Megatron arguments for the baseline "
+            "(--baseline-contract or --baseline-log) and this run (--contract or --log).") in text
+    assert "give the baseline's --baseline-contract or --baseline-log" in text
+    assert "each run's contract or Megatron log" not in text
+
+
+def test_baseline_options_need_a_baseline(tmp_path: Path) -> None:
+    code, out, err = run_cli(["report", str(MLM / "trace.json.gz"), "--baseline-log",
+                              str(MLM / "train.log"), "-o", str(tmp_path / "r.html")])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "give its trace with --baseline" in err and not (tmp_path / "r.html").exists()
