@@ -9,10 +9,14 @@ from typing import Any
 
 
 def memory_words(rec: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(headline, basis) of the change's memory verdict: fits / tight / does not fit / unknown."""
+    """(headline, basis) of the change's memory verdict: fits / tight / does not fit / unknown;
+    the basis is "" where it would repeat the headline (an unknown verdict's reason)."""
     from moetune.analyzer.planner.verdict import describe
 
-    return describe(rec.get("memory"))
+    words = describe(rec.get("memory"))
+    if words is None:
+        return None
+    return words[0], "" if words[1] in words[0] else words[1]
 
 
 def _value(metric: str, x: Any) -> str:

@@ -21,7 +21,6 @@ def _missing(text: str) -> str:
 def advice_body(advice: Mapping[str, Any] | None, problem: str | None, diagnosed: bool
                 ) -> tuple[str, str | None]:
     """(the section's HTML, its note)."""
-    from moetune.analyzer.planner.verdict import describe
     from moetune.recommendation_words import memory_words, risk_text, verify_text
 
     if advice is None:
@@ -73,7 +72,7 @@ def advice_body(advice: Mapping[str, Any] | None, problem: str | None, diagnosed
                      '</p>'
                      + (f'<pre>{_e(chr(10).join(u["megatron_flags"]))}</pre>'
                         if u.get("megatron_flags") else "")
-                     + _memory_html(describe(u.get("memory")), u.get("memory")) + "</div>")
+                     + _memory_html(memory_words(u), u.get("memory")) + "</div>")
         for c in r.get("considered") or []:
             body += (f'<p class="considered">Considered, not unlocked: {_e(c.get("rule"))}: '
                      f'{_e("; ".join(c.get("reasons") or []))}</p>')
@@ -89,7 +88,7 @@ def advice_body(advice: Mapping[str, Any] | None, problem: str | None, diagnosed
             f'({_e(b.get("rule"))}): would gain '
             f'{_pct(((b.get("gain") or {}).get("speedup") or {}).get("low"), True)} to '
             f'{_pct(((b.get("gain") or {}).get("speedup") or {}).get("high"), True)}</p>'
-            + _memory_html(describe(b.get("memory")), b.get("memory")) + "</article>"
+            + _memory_html(memory_words(b), b.get("memory")) + "</article>"
             for b in no_room)
     blocked = (advice.get("prerequisites") or []) + [
         b for b in advice.get("blocked") or [] if b not in no_room]
@@ -111,8 +110,8 @@ def _memory_html(words: tuple[str, str] | None, memory: Mapping[str, Any] | None
     if words is None:
         return ""
     verdict = (memory or {}).get("verdict", "unknown").replace(" ", "-")
-    return (f'<p class="memory v-{_e(verdict)}">Memory: <b>{_e(words[0])}</b><br>'
-            f'<span class="small">Basis: {_e(words[1])}</span></p>')
+    basis = f'<br><span class="small">Basis: {_e(words[1])}</span>' if words[1] else ""
+    return f'<p class="memory v-{_e(verdict)}">Memory: <b>{_e(words[0])}</b>{basis}</p>'
 
 
 def _source_words(mem: Mapping[str, Any]) -> str:

@@ -228,7 +228,7 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
         )
         if (mem := memory_words(r)) is not None:
             lines.append(f"memory: {mem[0]}")
-            lines.append(f"  basis: {mem[1]}")
+            lines += [f"  basis: {mem[1]}"] if mem[1] else []
         tg = r.get("targets")
         if tg:
             lines.append("targets: " + ", ".join(
