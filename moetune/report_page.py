@@ -140,8 +140,9 @@ class _Page(DecisionSections):
     def verdict_section(self, data: ReportData, d: Mapping[str, Any] | None) -> None:
         self.section("verdict", "Verdict", verdict_line(d, data.advice, data.problem or
                                                          data.advice_problem),
-                     note="The evidence follows: walls, the median step's timeline, kernels, "
-                     "ranks, memory, the audit and every recommendation with its basis.")
+                     note=None if d is None else "The evidence follows: walls, the median "
+                     "step's timeline, kernels, ranks, memory, the audit and every "
+                     "recommendation with its basis.")
 
     def run_section(self, data: ReportData, d: Mapping[str, Any] | None) -> None:
         cards = []

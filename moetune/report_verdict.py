@@ -28,7 +28,9 @@ def verdict_line(d: Mapping[str, Any] | None, advice: Mapping[str, Any] | None,
     parts = [head]
     if pace:
         parts.append(f"paced by the {'host' if pace == 'host' else 'GPU'}")
-    parts.append(f"median step {ms(d.get('step_time_s'))}")
+    whole = (d.get("window") or {}).get("step_source") == "whole_trace"
+    parts.append(f"{'the whole trace (one step)' if whole else 'median step'} "
+                 f"{ms(d.get('step_time_s'))}")
     recs = (advice or {}).get("recommendations") or []
     if recs:
         r = recs[0]

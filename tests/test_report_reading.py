@@ -98,6 +98,8 @@ def test_steps_analysed_is_a_count(pages: dict[str, Path]) -> None:
     nsys = _plain(pages["nsys_whole_trace"].read_text(), "run")
     assert "steps analysed 1 (the whole trace)" in nsys and "steps from whole trace" in nsys
     assert "the whole trace is analysed as one step" in nsys
+    assert "· the whole trace (one step) " in _plain(pages["nsys_whole_trace"].read_text(),
+                                                    "verdict")
     assert not re.search(r"steps (analysed|found) 0", nsys), nsys
 
 
