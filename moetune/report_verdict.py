@@ -9,8 +9,7 @@ from typing import Any
 
 from moetune.report_format import esc, ms, pct, steps_text
 
-PACED_WORDS = {"host": "host-paced (the CPU's chain of calls set the step's length)",
-               "device": "GPU-paced (GPU work and its dependencies set the step's length)"}
+PACED_BY = {"host": "the host", "device": "the GPU"}  # critical_path.paced_by, in words
 
 
 def verdict_line(d: Mapping[str, Any] | None, advice: Mapping[str, Any] | None,
@@ -27,7 +26,7 @@ def verdict_line(d: Mapping[str, Any] | None, advice: Mapping[str, Any] | None,
     pace = (d.get("critical_path") or {}).get("paced_by")
     parts = [head]
     if pace:
-        parts.append(f"paced by the {'host' if pace == 'host' else 'GPU'}")
+        parts.append(f"paced by {esc(PACED_BY.get(pace, pace))}")
     whole = (d.get("window") or {}).get("step_source") == "whole_trace"
     parts.append(f"{'the whole trace (one step)' if whole else 'median step'} "
                  f"{ms(d.get('step_time_s'))}")

@@ -180,8 +180,6 @@ INK_JS = """(async (uri) => {
 def _lane_ink(chrome: Browser, lane: str) -> float:
     """The mean darkness (0 white … 1 black) of a thin strip through `lane`'s row of the drawn
     timeline, from a screenshot decoded in the page."""
-    import base64
-
     box = chrome.eval(
         "(() => { const plot = document.querySelector('#chart-timeline .nsewdrag')"
         ".getBoundingClientRect(); const t = Array.from(document.querySelectorAll("
@@ -192,7 +190,6 @@ def _lane_ink(chrome: Browser, lane: str) -> float:
         "format": "png", "captureBeyondViewport": True,
         "clip": {"x": box[0] + 2, "y": box[2] - 3, "width": box[1] - 4, "height": 6, "scale": 1}})
     uri = "data:image/png;base64," + shot["data"]
-    base64.b64decode(shot["data"])  # a PNG came back
     return chrome.eval(f"{INK_JS}({json.dumps(uri)})")
 
 
