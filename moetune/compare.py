@@ -296,6 +296,74 @@ def model_of(contract: Mapping[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+# arguments that say where a run wrote or read, not what it ran: never a configuration change
+RUN_ONLY_ARGS = frozenset({"save", "load", "data_path", "tensorboard_dir", "profile_dir",
+                           "wandb_project", "wandb_exp_name", "wandb_save_dir", "data_cache_path",
+                           "tokenizer_model", "vocab_file", "merge_file", "pretrained_checkpoint",
+                           "timing_log_option", "log_interval", "data_pool",
+                           "profile_step_start", "profile_step_end", "profile_ranks"})
+
+
+def config_of(contract: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A run's Megatron arguments (a contract's `megatron_args`, a log's via
+    `contract_from_log`): what `config_delta` compares."""
+    return dict((contract or {}).get("megatron_args") or {})
+
+
+def arg_word(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "unset"
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(map(arg_word, v)) + "]"
+    return str(v)
+
+
+def config_delta(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, *,
+                 sources: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
+    """What configuration changed from A to B: every Megatron argument both runs state with a
+    different value (`micro_batch_size: 1 → 2`, `moe_grouped_gemm: true → false`), paths and
+    run bookkeeping left out. `sources`: where each side's arguments came from (contract, log,
+    ledger session); a side without any leaves the delta unknown (`changes` None)."""
+    out: dict[str, Any] = {"a_from": sources[0] if a else None,
+                           "b_from": sources[1] if b else None, "changes": None}
+    if not (a and b):
+        return out
+    changes = []
+    for k in sorted(set(a) & set(b)):
+        va, vb = a[k], b[k]
+        if va == vb or k in RUN_ONLY_ARGS or any(isinstance(v, str) and "/" in v
+                                                  for v in (va, vb)):
+            continue
+        changes.append({"arg": k, "a": va, "b": vb,
+                        "text": f"{k}: {arg_word(va)} → {arg_word(vb)}"})
+    out["changes"] = changes
+    return out
+
+
+def config_of_command(argv: Sequence[str] | None) -> dict[str, Any]:
+    """A ledger run's Megatron arguments from its command line; a flag one run gives and the other
+    omits reads as unset (the default) on the other side."""
+    from moetune.analyzer.megatron_flags import parse_flags
+
+    return dict(parse_flags([str(w) for w in argv or []]).args) if argv else {}
+
+
+def config_lines(config: Mapping[str, Any] | None) -> list[str]:
+    """The delta in words, one line first in every comparison (diff's terminal, the report)."""
+    if not config or config.get("changes") is None:
+        missing = [side for side, k in (("A", "a_from"), ("B", "b_from"))
+                   if not (config or {}).get(k)]
+        return [f"configuration: not compared (no contract or Megatron log for "
+                f"{' and '.join(missing) or 'either run'})"]
+    ch = config["changes"]
+    src = f" (from A's {config['a_from']} and B's {config['b_from']})"
+    if not ch:
+        return ["configuration: no Megatron argument differs" + src]
+    return [f"configuration{src}: " + ", ".join(c["text"] for c in ch)]
+
+
 def _doc_and_audit(x: Any) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
     if isinstance(x, Mapping):
         return x, None
@@ -304,7 +372,8 @@ def _doc_and_audit(x: Any) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]
 
 def diff_analyses(a: Any, b: Any, *, top: int = TOP, labels: tuple[str, str] = ("A", "B"),
                   model_a: Mapping[str, Any] | None = None,
-                  model_b: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  model_b: Mapping[str, Any] | None = None,
+                  config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The diff document of two diagnoses (mappings) or `Analysis` objects (audits compared
     too). Kernel and op names are compared when both diagnoses have a `top` section
     (`moetune.analyzer.top.top_section(None)`), classes always."""
@@ -322,6 +391,7 @@ def diff_analyses(a: Any, b: Any, *, top: int = TOP, labels: tuple[str, str] = (
         "b": _side(db, labels[1]),
         "comparable": not any(w.startswith("different") for w in warnings),
         "warnings": warnings,
+        "config": dict(config) if config is not None else config_delta(None, None),
         "step_time": step_delta(step_stats(_step_times(da)), step_stats(_step_times(db))),
         "walls": {w: _pair((wa.get(w) or {}).get("exposed_s"), (wb.get(w) or {}).get("exposed_s"))
                   for w in WALLS},
@@ -384,7 +454,8 @@ def _run_side(run: Mapping[str, Any]) -> dict[str, Any]:
 
 def diff_ledger_runs(run_a: Mapping[str, Any], run_b: Mapping[str, Any], *,
                      model_a: Mapping[str, Any] | None = None,
-                     model_b: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                     model_b: Mapping[str, Any] | None = None,
+                     config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The diff document of two ledger runs (`Ledger.runs()` rows): step time from their logs'
     iterations, peak memory; walls and kernels are unknown without traces."""
     ma, mb = run_a.get("metrics") or {}, run_b.get("metrics") or {}
@@ -404,6 +475,7 @@ def diff_ledger_runs(run_a: Mapping[str, Any], run_b: Mapping[str, Any], *,
         "b": _run_side(run_b),
         "comparable": not any(w.startswith("different") for w in warnings),
         "warnings": warnings,
+        "config": dict(config) if config is not None else _ledger_config(run_a, run_b),
         "step_time": step_delta(sa, sb),
         "walls": {w: _pair(None, None) for w in WALLS},
         "dominant_wall": {"a": None, "b": None},
@@ -417,3 +489,11 @@ def diff_ledger_runs(run_a: Mapping[str, Any], run_b: Mapping[str, Any], *,
         "memory": {"peak_allocated_gib": _pair(gib(pa), gib(pb), 4),
                    "peak_reserved_gib": _pair(None, None)},
     }
+
+
+def _ledger_config(run_a: Mapping[str, Any], run_b: Mapping[str, Any]) -> dict[str, Any]:
+    """Two ledger runs' configuration delta from their command lines."""
+    ca, cb = config_of_command(run_a.get("command")), config_of_command(run_b.get("command"))
+    if ca and cb:
+        ca, cb = {k: ca.get(k) for k in ca.keys() | cb.keys()}, {k: cb.get(k) for k in ca.keys() | cb.keys()}
+    return config_delta(ca, cb, sources=("command line", "command line"))

@@ -250,10 +250,14 @@ def _delta_ms(p: dict[str, Any]) -> str:
 def render_diff(doc: dict[str, Any], console: Console | None = None) -> None:
     """`moetune diff`: step time with noise and gain, walls, classes, kernels, ops, groups,
     backend changes, memory."""
+    from moetune.compare import config_lines
+
     out = console or Console(highlight=False, soft_wrap=True)
     st = doc["step_time"]
     a, b = st["a"], st["b"]
     out.print(Text(f"moetune diff  A: {doc['a']['label']}  B: {doc['b']['label']}", style="bold"))
+    for line in config_lines(doc.get("config")):  # what changed comes before what it did
+        out.print(line, markup=False)
 
     def side(s: dict[str, Any]) -> str:
         if s.get("median_s") is None:

@@ -57,10 +57,16 @@ def collect(
     step_range: str | None = None,
     allow_mixed_runs: bool = False,
     reference: Any = None,
+    log: str | Path | None = None,
+    baseline_contract: str | Path | None = None,
+    baseline_log: str | Path | None = None,
 ) -> ReportData:
     """Read the run (and optionally its ledger and a baseline run) into a `ReportData`.
     `reference`: the run's reference inputs (`moetune.analysis.read_reference`), as `recommend`
-    takes them, so the page's advice and memory are the same numbers.
+    takes them, so the page's advice and memory are the same numbers. `log`: the run's Megatron
+    log (the reference's), read again for its arguments; `baseline_contract`, `baseline_log`: the
+    baseline's, for its audit, reference step and arguments. Each side's arguments (contract,
+    else log) give the comparison's configuration delta.
 
     Unreadable files and invalid contracts are UserErrors as everywhere; a run the pipeline cannot
     analyse (no GPU work, no step) still gives a page that says why.
@@ -93,10 +99,15 @@ def collect(
         tl, cpu, mem, binned = _step_views(trace, an.diagnosis, window=win, step_range=rng)
     base, diff = None, None
     if baseline:
-        # the contract describes this run; the baseline's claims are not known
-        base = collect(baseline, None, window=window, step_range=step_range,
-                       allow_mixed_runs=allow_mixed_runs)
-        diff = _diff(base, an)
+        from moetune.analysis import read_reference
+
+        # the contract describes this run; the baseline's claims are its own contract's
+        base = collect(baseline, baseline_contract, window=window, step_range=step_range,
+                       allow_mixed_runs=allow_mixed_runs,
+                       reference=read_reference(baseline_log, require_step=False)
+                       if baseline_log else None)
+        diff = _diff(base, an, arguments(baseline_contract, baseline_log),
+                     arguments(contract, log))
     return ReportData(names, an, advice=advice, advice_problem=advice_problem, timeline=tl,
                       cpu_ops=cpu, memory=mem, memory_binned=binned, metadata=meta,
                       baseline=base, diff=diff, contract_given=con is not None,
@@ -127,15 +138,41 @@ def _ledger_fields(path: str | Path | None) -> dict[str, Any]:
     return {"ledger": doc, "ledger_name": p.name}
 
 
-def _diff(base: ReportData, an: Analysis) -> dict[str, Any] | None:
-    """The `moetune diff` document of baseline → this run (None when either has no diagnosis)."""
-    from moetune.compare import diff_analyses, model_of
+Arguments = tuple[str | None, dict[str, Any], dict[str, Any]]
+
+
+def arguments(contract: Any, log: str | Path | None) -> Arguments:
+    """(where from, Megatron arguments, model fields) of one run: its contract's, else its
+    Megatron log's; (None, {}, {}) with neither."""
+    from moetune.analyzer.contract import thaw
+    from moetune.compare import config_of, model_of
+
+    if contract is not None:
+        doc = thaw(read_contract(contract))
+        if doc.get("megatron_args"):
+            return "contract", config_of(doc), model_of(doc)
+    if log is not None:
+        from moetune.analyzer.megatron_args import contract_from_log
+        from moetune.errors import read_user_text
+
+        found = contract_from_log(read_user_text(Path(log), errors="replace"))
+        if found:
+            return "log", config_of(found), model_of(found)
+    return None, {}, {}
+
+
+def _diff(base: ReportData, an: Analysis, args_a: Arguments, args_b: Arguments
+          ) -> dict[str, Any] | None:
+    """The `moetune diff` document of baseline → this run (None when either has no diagnosis),
+    its configuration delta from each side's `arguments`."""
+    from moetune.compare import config_delta, diff_analyses
 
     if base.analysis is None or base.analysis.diagnosis is None or an.diagnosis is None:
         return None
     return diff_analyses(base.analysis, an, labels=("baseline", "this run"),
-                         model_a=model_of(base.analysis.contract_doc) or None,
-                         model_b=model_of(an.contract_doc) or None)
+                         model_a=args_a[2] or None, model_b=args_b[2] or None,
+                         config=config_delta(args_a[1], args_b[1],
+                                             sources=(args_a[0], args_b[0])))
 
 
 def rank_metadata(ranks: pl.DataFrame) -> list[dict[str, Any]]:
@@ -267,29 +304,60 @@ def merge_runs(path: pl.DataFrame) -> pl.DataFrame:
 
 def downsample(boxes: pl.DataFrame, length_ns: int, *, max_boxes: int = LANE_MAX_BOXES
                ) -> tuple[pl.DataFrame, dict[str, int]]:
-    """Lanes with more than `max_boxes` events become LANE_BINS time bins each, coloured by the
-    wall busiest in the bin (n = events merged); the others keep one box per event (n = 1)."""
+    """Lanes with more than `max_boxes` events become LANE_BINS time bins each: a box spanning
+    its bin, coloured by the wall busiest in it and shaded by `occupancy` (the share of the bin
+    some event of the lane covers: nested host calls and overlapping kernels count once), so a
+    GPU busy 10 % of the step reads pale, not solid; n = events starting in the bin. Other lanes
+    keep one box per event (n = 1, occupancy 1)."""
     counts = boxes.group_by("lane").len()
     big = counts.filter(pl.col("len") > max_boxes)
     merged = dict(zip(big["lane"].to_list(), big["len"].to_list(), strict=True))
-    small = boxes.filter(~pl.col("lane").is_in(list(merged))).with_columns(n=pl.lit(1, pl.UInt32))
+    small = boxes.filter(~pl.col("lane").is_in(list(merged))).with_columns(
+        n=pl.lit(1, pl.UInt32), occupancy=pl.lit(1.0))
     if not merged:
         return small, {}
     width = max(1, math.ceil(length_ns / LANE_BINS))
-    many = boxes.filter(pl.col("lane").is_in(list(merged))).with_columns(
-        bin=pl.col("start") // width, d=pl.col("end") - pl.col("start"))
-    per_wall = many.group_by("lane", "bin", "wall").agg(pl.col("d").sum().alias("wd"))
-    top = per_wall.sort("wd", descending=True).group_by("lane", "bin").agg(
-        pl.col("wall").first(), pl.col("wd").sum().alias("busy"))
-    bins = (many.group_by("lane", "bin")
-            .agg(pl.col("start").min(), pl.col("end").max(), pl.len().alias("n"),
-                 pl.col("label").sort_by("d").last().alias("longest"))
-            .join(top, on=["lane", "bin"])
-            .with_columns(label=pl.format("{} events, {} µs busy; longest: {}", pl.col("n"),
-                                          (pl.col("busy") / 1000).round(1), pl.col("longest"))))
-    out = pl.concat([small, bins.select("lane", "start", "end", "wall", "label",
-                                        pl.col("n").cast(pl.UInt32))])
+    many = boxes.filter(pl.col("lane").is_in(list(merged)))
+    # each event cut at the bin edges it crosses: its time in every bin it touches
+    pieces = _by_bin(many.with_columns(d=pl.col("end") - pl.col("start")), width)
+    per_wall = pieces.group_by("lane", "bin", "wall").agg(pl.col("c").sum().alias("wd"))
+    top = (per_wall.sort(["wd", "wall"], descending=[True, False])
+           .group_by("lane", "bin").agg(pl.col("wall").first()))
+    stats = pieces.group_by("lane", "bin").agg(
+        (pl.col("bin") == pl.col("start") // width).sum().cast(pl.UInt32).alias("n"),
+        pl.col("label").sort_by("d").last().alias("longest"))
+    # the lane's union of intervals: what "busy" means for a bin
+    union = (many.sort("lane", "start")
+             .with_columns(reach=pl.col("end").cum_max().over("lane"))
+             .with_columns(new=(pl.col("start") > pl.col("reach").shift(1).over("lane"))
+                           .fill_null(True))
+             .with_columns(run=pl.col("new").cum_sum().over("lane"))
+             .group_by("lane", "run").agg(pl.col("start").min(), pl.col("end").max()))
+    busy = _by_bin(union, width).group_by("lane", "bin").agg(pl.col("c").sum().alias("busy"))
+    bins = (stats.join(top, on=["lane", "bin"]).join(busy, on=["lane", "bin"], how="left")
+            .with_columns(start=pl.col("bin") * width,
+                          end=pl.min_horizontal((pl.col("bin") + 1) * width, pl.lit(length_ns)),
+                          busy=pl.col("busy").fill_null(0))
+            .with_columns(occupancy=(pl.col("busy") / pl.max_horizontal(
+                pl.col("end") - pl.col("start"), pl.lit(1))).clip(0.0, 1.0))
+            .with_columns(label=pl.format("{} events, {} µs busy ({} % of the bin); longest: {}",
+                                          pl.col("n"), (pl.col("busy") / 1000).round(1),
+                                          (pl.col("occupancy") * 100).round(1),
+                                          pl.col("longest")))
+            .sort("lane", "bin"))
+    out = pl.concat([small, bins.select("lane", "start", "end", "wall", "label", "n",
+                                        "occupancy")])
     return out, merged
+
+
+def _by_bin(iv: pl.DataFrame, width: int) -> pl.DataFrame:
+    """Each interval's rows, one per time bin it touches, with `c` its time inside that bin."""
+    last = pl.max_horizontal(pl.col("end") - 1, pl.col("start")) // width
+    return (iv.with_columns(bin=pl.int_ranges(pl.col("start") // width, last + 1))
+            .explode("bin")
+            .with_columns(c=(pl.min_horizontal(pl.col("end"), (pl.col("bin") + 1) * width)
+                             - pl.max_horizontal(pl.col("start"), pl.col("bin") * width))
+                          .clip(0, None)))
 
 
 def memory_curve(memory: pl.DataFrame, *, rank: int, lo: int, hi: int
@@ -312,21 +380,19 @@ def memory_curve(memory: pl.DataFrame, *, rank: int, lo: int, hi: int
 
 
 def cpu_ops(events: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame | None:
-    """CPU ops started inside the analysed steps' host windows: count and inclusive time per step
-    (nested ops count in their parents too), the TOP_N by time."""
-    ops = events.filter(pl.col("kind") == "cpu_op").select("rank", "name", "ts_ns", "dur_ns")
-    if ops.height == 0 or steps.height == 0:
+    """Host ops started inside the analysed steps, as `--top` counts them (analyzer/top.py
+    `op_table`): count, self time (less the ops nested in it) and inclusive time per step, the
+    TOP_N by self time. Inclusive time would rank the autograd wrappers first."""
+    from moetune.analyzer.top import op_table
+
+    table = op_table(events, steps)
+    if table.height == 0:
         return None
-    win = steps.select("rank", pl.col("start_ns").alias("lo"), pl.col("end_ns").alias("hi"))
-    hit = (ops.join(win, on="rank").filter(pl.col("ts_ns").is_between(pl.col("lo"), pl.col("hi"),
-                                                                      closed="left")))
-    if hit.height == 0:
-        return None
-    n = steps.height
-    return (hit.group_by("name").agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("t"))
-            .sort(["t", "name"], descending=[True, False]).head(TOP_N)
-            .select("name", (pl.col("count") / n).alias("per_step"),
-                    (pl.col("t") * NS / n).alias("per_step_s")))
+    n = steps.height  # (rank, step) pairs: per step and rank, as `--top` divides
+    return table.head(TOP_N).select(
+        "name", (pl.col("count") / n).alias("per_step"),
+        (pl.col("self_ns") * NS / n).alias("per_step_s"),
+        (pl.col("total_ns") * NS / n).alias("per_step_total_s"))
 
 
 # --------------------------------------------------------------------------- rendering

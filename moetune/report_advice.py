@@ -1,5 +1,5 @@
 """The HTML report's recommendations: each ranked change with its flags, its predicted gain and
-its memory verdict (headline and basis, analyzer/planner/verdict.py `describe`, the words the
+its memory verdict, what to verify and its risk (moetune/recommendation_words.py: the words the
 terminal prints), a gate with the changes it unlocks, and the changes considered but predicted
 not to fit. Pure: strings in, HTML out; every string passes `redact_text`."""
 
@@ -21,7 +21,7 @@ def _missing(text: str) -> str:
 def advice_body(advice: Mapping[str, Any] | None, problem: str | None, diagnosed: bool
                 ) -> tuple[str, str | None]:
     """(the section's HTML, its note)."""
-    from moetune.analyzer.planner.verdict import describe
+    from moetune.recommendation_words import memory_words, risk_text, verify_text
 
     if advice is None:
         why = problem or ("no diagnosis to advise on" if not diagnosed else "no advice")
@@ -58,7 +58,10 @@ def advice_body(advice: Mapping[str, Any] | None, problem: str | None, diagnosed
             f'<p>Predicted gain <b>{_pct(sp.get("mid"), True)}</b> (range '
             f'{_pct(sp.get("low"), True)} to {_pct(sp.get("high"), True)}){gate}. '
             f'Basis: {_e(g.get("basis"))}</p>'
-            + _memory_html(describe(r.get("memory")), r.get("memory")))
+            + _memory_html(memory_words(r), r.get("memory"))
+            + f'<p class="verify"><b>Verify</b> on the next profile: {_e(verify_text(r))}</p>'
+            + f'<p class="risk risk-{_e((r.get("risk") or {}).get("level"))}"><b>Risk</b> '
+            f'{_e(risk_text(r))}</p>')
         for u in r.get("unlocks") or []:
             usp = (u.get("gain") or {}).get("speedup") or {}
             ch = u.get("change") or {}
@@ -69,7 +72,7 @@ def advice_body(advice: Mapping[str, Any] | None, problem: str | None, diagnosed
                      '</p>'
                      + (f'<pre>{_e(chr(10).join(u["megatron_flags"]))}</pre>'
                         if u.get("megatron_flags") else "")
-                     + _memory_html(describe(u.get("memory")), u.get("memory")) + "</div>")
+                     + _memory_html(memory_words(u), u.get("memory")) + "</div>")
         for c in r.get("considered") or []:
             body += (f'<p class="considered">Considered, not unlocked: {_e(c.get("rule"))}: '
                      f'{_e("; ".join(c.get("reasons") or []))}</p>')
@@ -85,7 +88,7 @@ def advice_body(advice: Mapping[str, Any] | None, problem: str | None, diagnosed
             f'({_e(b.get("rule"))}): would gain '
             f'{_pct(((b.get("gain") or {}).get("speedup") or {}).get("low"), True)} to '
             f'{_pct(((b.get("gain") or {}).get("speedup") or {}).get("high"), True)}</p>'
-            + _memory_html(describe(b.get("memory")), b.get("memory")) + "</article>"
+            + _memory_html(memory_words(b), b.get("memory")) + "</article>"
             for b in no_room)
     blocked = (advice.get("prerequisites") or []) + [
         b for b in advice.get("blocked") or [] if b not in no_room]
@@ -107,8 +110,8 @@ def _memory_html(words: tuple[str, str] | None, memory: Mapping[str, Any] | None
     if words is None:
         return ""
     verdict = (memory or {}).get("verdict", "unknown").replace(" ", "-")
-    return (f'<p class="memory v-{_e(verdict)}">Memory: <b>{_e(words[0])}</b><br>'
-            f'<span class="small">Basis: {_e(words[1])}</span></p>')
+    basis = f'<br><span class="small">Basis: {_e(words[1])}</span>' if words[1] else ""
+    return f'<p class="memory v-{_e(verdict)}">Memory: <b>{_e(words[0])}</b>{basis}</p>'
 
 
 def _source_words(mem: Mapping[str, Any]) -> str:

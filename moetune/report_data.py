@@ -19,7 +19,8 @@ class Timeline:
     rank: int
     step: int
     length_ns: int
-    boxes: pl.DataFrame      # lane, start, end, wall, label, n (events merged into the box)
+    boxes: pl.DataFrame      # lane, start, end, wall, label, n (events merged into the box),
+    #                          occupancy (share of the box some event covers; 1 for one event)
     path: pl.DataFrame       # the critical path's boxes (runs of one wall merged), as `boxes`
     edges: list[dict[str, Any]]  # blocking edges: src_lane, src_start, src_end (the awaited
     #                              communication on the path), dst_lane, dst_start, label, on_path
@@ -38,7 +39,7 @@ class ReportData:
     advice: dict[str, Any] | None = None
     advice_problem: str | None = None
     timeline: Timeline | None = None
-    cpu_ops: pl.DataFrame | None = None  # name, count, per_step_s (inclusive)
+    cpu_ops: pl.DataFrame | None = None  # name, per_step, per_step_s (self), per_step_total_s
     memory: pl.DataFrame | None = None   # t_ms, allocated_gib, reserved_gib (median step, rank)
     memory_binned: bool = False
     metadata: list[dict[str, Any]] = field(default_factory=list)

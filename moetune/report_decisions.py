@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from moetune.compare import arg_word
 from moetune.report_format import (
     WALL_COLORS,
     chart_text,
@@ -118,8 +119,11 @@ class DecisionSections:
         go = self.go
         st = d["step_time"]
         a, b = st["a"], st["b"]
-        body = ""
+        body = f'<p class="config">{config_html(d.get("config"))}</p>'
         for w in d.get("warnings") or []:
+            if w.startswith("model shape not compared"):
+                w = ("model shape not compared (give the baseline's --baseline-contract or "
+                     "--baseline-log and this run's --contract or --log)")
             body += f'<p class="missing">{esc(w)}</p>'
         if st.get("beyond_noise") is None:
             verdict = (f"not decidable: {st.get('noise_unknown') or 'noise unknown'}, so a change "
@@ -170,3 +174,21 @@ class DecisionSections:
         self.section("baseline", "Against the baseline", body,
                      note="What moetune diff says of the baseline and this run (docs/diff.md); noise: "
                      "half the range of each run's analysed step times.")
+
+
+def config_html(config: Mapping[str, Any] | None) -> str:
+    """The configuration delta, first in the comparison: each changed Megatron argument."""
+    if not config or config.get("changes") is None:
+        missing = [side for side, k in (("the baseline", "a_from"), ("this run", "b_from"))
+                   if not (config or {}).get(k)]
+        flags = {"the baseline": "--baseline-contract or --baseline-log",
+                 "this run": "--contract or --log"}
+        return ("<b>Configuration</b>: not compared, no Megatron arguments for "
+                + " and ".join(f"{m} ({flags[m]})" for m in missing) + ".")
+    src = f" (baseline's {esc(config['a_from'])}, this run's {esc(config['b_from'])})"
+    ch = config["changes"]
+    if not ch:
+        return f"<b>Configuration</b>{src}: no Megatron argument differs."
+    return (f"<b>Configuration</b>{src}: " + ", ".join(
+        f'<span class="mono">{esc(c["arg"])}</span> {esc(arg_word(c["a"]))} → '
+        f'<b>{esc(arg_word(c["b"]))}</b>' for c in ch) + ".")

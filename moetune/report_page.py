@@ -24,9 +24,9 @@ from moetune.report_format import (
     esc,
     ms,
     short,
-    steps_text,
 )
 from moetune.report_phases import phases_section
+from moetune.report_verdict import steps_card, verdict_line, window_text
 from moetune.resources import data as data_file
 from moetune.vocabulary import WALLS
 
@@ -38,6 +38,7 @@ PATH_LANE = "critical path"
 PATH_MAX_BOXES = 3000  # the critical path is one lane, and the one read closest
 MAX_LANES = 16  # GPU streams and host threads of the median step, busiest first
 MEMORY_POINTS = 1500
+OCCUPANCY_FLOOR = 0.06  # opacity of a time bin with work but almost no busy time: still seen
 TOP_N = 15
 TOP_EDGES = 8
 NS = 1e-9
@@ -63,6 +64,7 @@ def render(data: ReportData) -> str:
     page = _Page(go)
     an = data.analysis
     d = an.diagnosis if an is not None else None
+    page.verdict_section(data, d)
     page.run_section(data, d)
     if d is not None:
         page.walls_section(d)
@@ -135,16 +137,22 @@ class _Page(DecisionSections):
 
     # ---- sections
 
+    def verdict_section(self, data: ReportData, d: Mapping[str, Any] | None) -> None:
+        self.section("verdict", "Verdict", verdict_line(d, data.advice, data.problem or
+                                                         data.advice_problem),
+                     note=None if d is None else "The evidence follows: walls, the median "
+                     "step's timeline, kernels, ranks, memory, the audit and every "
+                     "recommendation with its basis.")
+
     def run_section(self, data: ReportData, d: Mapping[str, Any] | None) -> None:
         cards = []
         if d is not None:
             w = d.get("window") or {}
-            steps = d.get("steps") or []
             cards = [("median step", ms(d.get("step_time_s"))),
                      ("dominant wall", d.get("dominant_wall") or "—"),
                      ("ranks analysed", str(len(d.get("ranks_analyzed") or []))),
-                     ("steps analysed", steps_text(steps)),
-                     ("steps from", w.get("step_source") or "—")]
+                     steps_card(d),
+                     ("steps from", (w.get("step_source") or "—").replace("_", " "))]
             cp = d.get("critical_path") or {}
             if cp.get("paced_by"):
                 cards.append(("paced by", cp["paced_by"]))
@@ -155,12 +163,7 @@ class _Page(DecisionSections):
             body += self.missing(f"No diagnosis: {esc(data.problem)}. The sections that need steps "
                                  "(walls, timeline, kernels, ranks, memory, advice) are left out.")
         if d is not None:
-            w = d.get("window") or {}
-            dropped = w.get("dropped_incomplete") or []
-            body += (f"<p>Steady window: {esc(w.get('declared') or 'all complete steps')}; steps "
-                     f"found {esc(steps_text(w.get('steps_found') or []))}"
-                     + (f", dropped as incomplete {esc(steps_text(dropped))}" if dropped else "")
-                     + ".</p>")
+            body += f"<p>{window_text(d)}</p>"
         rows = [[esc(m["rank"]), esc(m["file"]), esc(m["format"]), esc(m["device"] or "—"),
                  esc(f"{m['memory_gib']:.1f} GiB" if m["memory_gib"] else "—"), esc(m["sms"] or "—"),
                  esc(m["world_size"] or "—"), esc(m["backend"] or "—"), esc(m["nccl"] or "—")]
@@ -228,9 +231,12 @@ class _Page(DecisionSections):
             starts = p["start"].to_list() + b["start"].to_list()
             durs = ((p["end"] - p["start"]).to_list() + (b["end"] - b["start"]).to_list())
             labels = [chart_text(short(x, 120)) for x in p["label"].to_list() + b["label"].to_list()]
+            # a time bin's shade is its occupancy: a lane busy 10 % of the step reads pale
+            shade = [OCCUPANCY_FLOOR + (1 - OCCUPANCY_FLOOR) * x
+                     for x in p["occupancy"].to_list() + b["occupancy"].to_list()]
             fig.add_bar(name=w, orientation="h", y=ys, base=[s / 1e6 for s in starts],
                         x=[max(x, 1) / 1e6 for x in durs], marker_color=WALL_COLORS[w],
-                        marker_line_width=0, showlegend=w not in shown,
+                        marker_opacity=shade, marker_line_width=0, showlegend=w not in shown,
                         # plotly's %{x} of a bar with a base is its end: the length goes along
                         customdata=[[lab, s / 1e6, d / 1e3] for lab, s, d
                                     in zip(labels, starts, durs, strict=True)],
@@ -269,7 +275,8 @@ class _Page(DecisionSections):
                 f"{esc(k)} ({v:,} events)" for k, v in sorted(tl.merged.items()))
                 + f" shown as {LANE_BINS} time bins each (over {LANE_MAX_BOXES} events in a lane, "
                 f"{PATH_MAX_BOXES} on the critical path), "
-                "each coloured by its busiest wall; hover for counts.")
+                "each coloured by its busiest wall and shaded by its occupancy (the share of "
+                "the bin the lane was busy: pale is idle, solid is busy); hover for counts.")
         if tl.lanes_dropped:
             notes.append(f"{tl.lanes_dropped} quieter lane(s) not shown (at most {MAX_LANES}).")
         cp = d.get("critical_path") or {}
@@ -286,6 +293,9 @@ class _Page(DecisionSections):
         body = '<div class="row">'
         if classes:
             top = classes[:TOP_N][::-1]
+            shown = (f"all {len(top)}" if len(top) == len(classes)
+                     else f"the top {len(top)} of {len(classes)}")
+            body += (f'<div><h3>Kernel classes: {shown}, by GPU time</h3>')
             fig = go.Figure()
             fig.add_bar(orientation="h", y=[chart_text(k) for k, _ in top],
                         x=[v["time_s"] / nsteps * 1e3 for _, v in top],
@@ -293,16 +303,20 @@ class _Page(DecisionSections):
                         customdata=[v["count"] for _, v in top],
                         hovertemplate="%{y}: %{x:.3f} ms/step, %{customdata} launches<extra></extra>")
             fig.update_layout(xaxis_title="ms per step (GPU time)", showlegend=False)
-            body += self.chart("kernel-classes", fig, height=120 + 22 * len(top))
+            body += self.chart("kernel-classes", fig, height=120 + 22 * len(top)) + "</div>"
         if ops is not None and ops.height:
             o = ops.reverse()
             fig = go.Figure()
             fig.add_bar(orientation="h", y=[chart_text(short(n, 48)) for n in o["name"].to_list()],
                         x=[t * 1e3 for t in o["per_step_s"].to_list()], marker_color="#e45756",
-                        customdata=o["per_step"].to_list(),
-                        hovertemplate="%{y}: %{x:.3f} ms/step, %{customdata:.0f} calls<extra></extra>")
-            fig.update_layout(xaxis_title="ms per step (CPU, inclusive)", showlegend=False)
-            body += self.chart("cpu-ops", fig, height=120 + 22 * o.height)
+                        customdata=[[c, t * 1e3] for c, t in zip(
+                            o["per_step"].to_list(), o["per_step_total_s"].to_list(), strict=True)],
+                        hovertemplate="%{y}: self %{x:.3f} ms/step (inclusive "
+                                      "%{customdata[1]:.3f} ms), %{customdata[0]:.0f} calls"
+                                      "<extra></extra>")
+            fig.update_layout(xaxis_title="ms per step (CPU self time)", showlegend=False)
+            body += (f"<div><h3>CPU ops: the top {o.height} by self time</h3>"
+                     + self.chart("cpu-ops", fig, height=120 + 22 * o.height) + "</div>")
         else:
             body += self.missing("No CPU ops in the analysed steps (an nsys export, or a profile "
                                  "without record_shapes/cpu_op rows).")
@@ -336,9 +350,10 @@ class _Page(DecisionSections):
         else:
             body += self.missing("No copies in the analysed steps.")
         self.section("kernels", "Kernels, CPU ops and copies", body,
-                     note=f"Top {TOP_N} kernel classes (coloured by wall) and CPU ops; CPU time is "
-                     "inclusive (an op's children count in it too). Per step: totals over the "
-                     "analysed steps divided by their number.")
+                     note="Kernel classes coloured by wall. CPU ops ranked by self time (an op's "
+                     "time less the ops nested in it, as `moetune diagnose --top` ranks them; "
+                     "hover for the inclusive time). Per step: totals over the analysed steps "
+                     "(and ranks) divided by their number.")
 
     def ranks_section(self, d: Mapping[str, Any]) -> None:
         rk = d.get("ranks")
@@ -391,8 +406,7 @@ class _Page(DecisionSections):
                      f"{m.get('peak_reserved_gib') or 0:.2f} GiB of "
                      f"{m.get('device_gib') or 0:.1f} GiB (source: {esc(m.get('source'))}).</p>")
         if curve is None:
-            body += self.missing("No allocator events in this step: profile with "
-                                 "profile_memory=True (Kineto) to see memory over the step.")
+            body += self.missing("No allocator events in this step: " + _memory_hint(d))
             self.section("memory", "Device memory", body)
             return
         go = self.go
@@ -411,6 +425,20 @@ class _Page(DecisionSections):
         self.section("memory", "Device memory", body + self.chart("memory", fig, 280), note=note)
 
 
+
+
+def _memory_hint(d: Mapping[str, Any]) -> str:
+    """How to record device memory over a step, in the words of the profiler that wrote the
+    trace: nsys and Kineto spell it differently."""
+    formats = {i.get("format") for i in d.get("inputs") or []}
+    hints = []
+    if "nsys" in formats:
+        hints.append("profile with <code>nsys profile --cuda-memory-usage=true</code> (Nsight "
+                     "Systems) to see the GPU memory the driver allocated over the step")
+    if formats - {"nsys"} or not formats:
+        hints.append("profile with <code>profile_memory=True</code> (torch.profiler) to see the "
+                     "caching allocator's memory over the step")
+    return "; ".join(hints) + "."
 
 
 def _css() -> str:

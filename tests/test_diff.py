@@ -159,3 +159,36 @@ def test_stragglers_unobservable_on_a_side() -> None:
         cross_rank_diff_lines(doc["cross_rank"])
     both = diff_analyses(judged, judged)["cross_rank"]["stragglers"]
     assert both == {"a": [3], "b": [3], "new": [], "gone": []}
+
+
+def test_configuration_delta_first(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 30 item 6: every comparison says first what configuration changed: from two Megatron
+    logs (grid MBS 1 sequential → MBS 2 grouped), two contracts (EP 2 without → with overlapped
+    gradient reduction), two ledger runs' command lines; and that it is unknown without them."""
+    a, b = TR / "grid_host_mbs1_seq_rcfull_a2a_eager", TR / "grid_host_mbs2_grp_rcfull_a2a_eager"
+    logs = [str(a / "trace.json.gz"), str(b / "trace.json.gz"), "--contract-a",
+            str(a / "train.log"), "--contract-b", str(b / "train.log")]
+    doc, _ = _diff(capsys, *logs)
+    assert doc["config"]["a_from"] == doc["config"]["b_from"] == "log"
+    assert [c["text"] for c in doc["config"]["changes"]] == [
+        "micro_batch_size: 1 → 2", "moe_grouped_gemm: false → true", "train_iters: 5 → 12"]
+    assert main(["diff", *logs]) == 0
+    lines = capsys.readouterr().out.splitlines()  # captured: not a TTY, as through a pipe
+    assert lines[1] == ("configuration (from A's log and B's log): micro_batch_size: 1 → 2, "
+                        "moe_grouped_gemm: false → true, train_iters: 5 → 12")
+    assert lines[2].startswith("step time: ")
+    no, yes = TR / "gpu_ep2_alltoall_nooverlap", TR / "gpu_ep2_alltoall_overlap"
+    doc, _ = _diff(capsys, str(no), str(yes), "--contract-a", str(no / "golden" / "contract.yaml"),
+                   "--contract-b", str(yes / "golden" / "contract.yaml"))
+    assert [c["text"] for c in doc["config"]["changes"]] == ["overlap_grad_reduce: false → true"]
+    assert doc["config"]["a_from"] == "contract"  # profile_dir differs too: a path, left out
+    doc, _ = _diff(capsys, "1", "3", "--ledger", str(LEDGER))
+    assert doc["config"]["a_from"] == "command line"
+    # run 1 was the profiled baseline: its profiler flags are part of what differs
+    assert [c["text"] for c in doc["config"]["changes"]] == [
+        "micro_batch_size: 1 → 2", "nvtx_ranges: true → unset", "profile: true → unset"]
+    doc, _ = _diff(capsys, str(EAGER / "trace.json.gz"), str(LOCAL / "trace.json.gz"))
+    assert doc["config"] == {"a_from": None, "b_from": None, "changes": None}
+    assert main(["diff", str(EAGER / "trace.json.gz"), str(LOCAL / "trace.json.gz")]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "configuration: not compared (no contract or Megatron log for A and B)")

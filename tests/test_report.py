@@ -172,6 +172,8 @@ def test_no_steps_page_says_what_is_missing(reports: dict[str, Path]) -> None:
         pytest.skip("public corpus (hta_cpu_only.json.gz) not present")
     page = _text(reports, "no_steps")
     assert "No diagnosis: hta_cpu_only.json.gz: has no GPU events" in page
+    assert '<p class="verdict">No verdict: hta_cpu_only.json.gz: has no GPU events' in page
+    assert "The evidence follows" not in page
     assert "No recommendations" in page
     assert "Not audited: the claims are checked against the analysed steps" in page
     assert _charts(page) == []

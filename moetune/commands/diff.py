@@ -47,28 +47,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def _contract(path: str | None) -> tuple[Any, dict[str, Any]]:
-    """(contract for analyze or None, model fields): a contract file, or a Megatron log."""
+def _contract(path: str | None) -> tuple[Any, dict[str, Any], tuple[str | None, dict[str, Any]]]:
+    """(contract for analyze or None, model fields, (where the arguments came from, the Megatron
+    arguments)): a contract file, or a Megatron log."""
     from moetune.analysis import read_contract
     from moetune.analyzer.contract import thaw
     from moetune.analyzer.megatron_args import contract_from_log
-    from moetune.compare import model_of
+    from moetune.compare import config_of, model_of
 
     if path is None:
-        return None, {}
+        return None, {}, (None, {})
     p = Path(path)
     if p.suffix.lower() in CONTRACT_SUFFIXES:
         con = read_contract(p)
-        return con, model_of(thaw(con) if con is not None else None)
+        doc = thaw(con) if con is not None else None
+        return con, model_of(doc), ("contract", config_of(doc))
     text = read_user_text(p, errors="replace")
     found = contract_from_log(text)
     if not found:
         raise UserError("neither a contract (.yaml/.json) nor a Megatron log with arguments",
                         path=p)
-    return None, model_of(found)
+    return None, model_of(found), ("log", config_of(found))
 
 
-def _ledger_doc(args: argparse.Namespace, model_a: dict, model_b: dict) -> dict[str, Any]:
+def _ledger_doc(args: argparse.Namespace, model_a: dict, model_b: dict,
+                config: dict[str, Any] | None) -> dict[str, Any]:
     from moetune.compare import diff_ledger_runs, model_of
     from moetune.executor.ledger import Ledger
 
@@ -97,7 +100,7 @@ def _ledger_doc(args: argparse.Namespace, model_a: dict, model_b: dict) -> dict[
         model_a = model_of((sessions.get(picked[0]["session"]) or {}).get("contract"))
     if not model_b:
         model_b = model_of((sessions.get(picked[1]["session"]) or {}).get("contract"))
-    return diff_ledger_runs(picked[0], picked[1], model_a=model_a, model_b=model_b)
+    return diff_ledger_runs(picked[0], picked[1], model_a=model_a, model_b=model_b, config=config)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,14 +113,18 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UserError("--top must be at least 1")
     many: list[tuple[str, Any, scale.MapResult]] = []  # sides read through the map
-    con_a, model_a = _contract(args.contract_a)
-    con_b, model_b = _contract(args.contract_b)
+    from moetune.compare import config_delta
+
+    con_a, model_a, (src_a, conf_a) = _contract(args.contract_a)
+    con_b, model_b, (src_b, conf_b) = _contract(args.contract_b)
+    config = config_delta(conf_a, conf_b, sources=(src_a, src_b))
     if args.ledger is not None:
         if reference_args.given(args, "-a") or reference_args.given(args, "-b"):
             raise UserError("--log-a/-b and --memory-snapshot-a/-b apply to traces, not to "
                             "ledger runs (a ledger holds each run's measured steps)",
                             path=args.ledger)
-        doc = _ledger_doc(args, model_a, model_b)
+        doc = _ledger_doc(args, model_a, model_b,
+                          config if config["changes"] is not None else None)
     else:
         from moetune.analysis import apply_reference
 
@@ -137,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
                                         audit=con is not None, extra_sections=[top_section(None)],
                                         reference_step_s=ref))
         doc = diff_analyses(*analyses, top=args.top, labels=(args.a, args.b),
-                            model_a=model_a or None, model_b=model_b or None)
+                            model_a=model_a or None, model_b=model_b or None, config=config)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     else:

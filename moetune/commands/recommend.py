@@ -190,6 +190,7 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
     """Ruff-like text: id, title, evidence, fix (flags), gain, verify, notes. `contract`: the
     contract file given, so a contract without a label reads as such, not as no contract."""
     from moetune.analyzer.planner.verdict import describe
+    from moetune.recommendation_words import memory_words, risk_text, verify_text
 
     d = doc["diagnosis"]
     recs = doc["recommendations"]
@@ -225,9 +226,9 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
             f"(step {_secs(st['before'])} → {_secs(st['low'])}–{_secs(st['high'])}){ceiling}"
             f" · confidence {r['confidence']} · risk {r['risk']['level']}"
         )
-        if (mem := describe(r.get("memory"))) is not None:
+        if (mem := memory_words(r)) is not None:
             lines.append(f"memory: {mem[0]}")
-            lines.append(f"  basis: {mem[1]}")
+            lines += [f"  basis: {mem[1]}"] if mem[1] else []
         tg = r.get("targets")
         if tg:
             lines.append("targets: " + ", ".join(
@@ -244,10 +245,8 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
         for c in r.get("considered") or []:
             lines.append(f"considered, not unlocked: {c['rule']} ({c['change']['knob']} → "
                          f"{c['change']['to']}): {'; '.join(c['reasons'])}")
-        v = r["verify"]
-        audit = f"audit {v['audit']} confirmed; " if v.get("audit") else ""
-        lines.append(f"verify: {audit}{v['metric']} {v['direction']}"
-                     f" ≥ {v.get('min_relative_change', 0) * 100:.0f} %")
+        lines.append(f"verify: {verify_text(r)}")
+        lines.append(f"risk: {risk_text(r)}")
         if not r["training_equivalent"]:
             lines.append(f"note: NOT training-equivalent: {r['equivalence_note']}")
         lines += [f"note: {c}" for c in r["caveats"]]

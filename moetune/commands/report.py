@@ -1,6 +1,7 @@
 """`moetune report PATH... [--contract FILE] [--log FILE] [--memory-snapshot FILE] [--ledger DB]
-[--baseline PATH] -o report.html`: one self-contained HTML page (opens offline) of the diagnosis,
-audit, advice and tune history; the reference inputs as `recommend` takes them."""
+[--baseline PATH [--baseline-contract FILE] [--baseline-log FILE]] -o report.html`: one
+self-contained HTML page (opens offline) of the diagnosis, audit, advice and tune history; the
+reference inputs as `recommend` takes them."""
 
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--ledger", metavar="DB", help="tune ledger (SQLite): show the tune history")
     p.add_argument("--baseline", metavar="PATH", action="append",
                    help="baseline run's trace file or directory (repeatable): compare against it")
+    p.add_argument("--baseline-contract", metavar="FILE",
+                   help="the baseline's measurement contract (YAML/JSON): its audit and its "
+                   "Megatron arguments, compared with this run's (--contract, else --log)")
+    p.add_argument("--baseline-log", metavar="FILE",
+                   help="the baseline's Megatron log: its unprofiled step time and memory, as "
+                   "--log is this run's, and its arguments where no --baseline-contract states "
+                   "them")
     p.add_argument("--window", metavar="A:B", help="analyse steps A..B (inclusive step ids)")
     p.add_argument("--step-range", metavar="NAME", help="annotation/NVTX range name that marks one step")
     p.add_argument("--allow-mixed-runs", action="store_true",
@@ -38,7 +46,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from moetune import report
+    from moetune.errors import UserError
 
+    if (args.baseline_contract or args.baseline_log) and not args.baseline:
+        raise UserError("--baseline-contract and --baseline-log describe the baseline run: give "
+                        "its trace with --baseline")
     report.plotly_modules()  # the missing extra is said before minutes of reading
     paths, notes = list(args.paths), []
     reference = reference_args.from_args(args)
@@ -55,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
                  f"{mapped.summaries.meta.height}"]
     data = report.collect(paths, args.contract, ledger=args.ledger, baseline=args.baseline,
                           window=args.window, step_range=args.step_range,
-                          allow_mixed_runs=args.allow_mixed_runs, reference=reference)
+                          allow_mixed_runs=args.allow_mixed_runs, reference=reference,
+                          log=args.log, baseline_contract=args.baseline_contract,
+                          baseline_log=args.baseline_log)
     if cross and data.analysis is not None and data.analysis.diagnosis is not None:
         data.analysis.diagnosis.update(cross)
     out = report.write(data, args.output)
