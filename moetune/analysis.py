@@ -110,6 +110,9 @@ class Reference:
     snapshots: tuple[dict[str, Any], ...] = ()  # memory_evidence.snapshot_summary, one per file
     snapshot_ranks: tuple[int, ...] = ()
     given_step_s: float | None = None
+    # the contract the log's own argument dump states (`contract from-log`): what stands in for
+    # a contract the user did not give, as `tune` reads its profile run's log
+    log_contract: Mapping[str, Any] | None = None
 
     @property
     def step_s(self) -> float | None:
@@ -148,7 +151,7 @@ def read_reference(log: str | Path | None = None, snapshots: Sequence[str | Path
     nothing). `profiled`: the profiler span the caller asked for, over the log's own."""
     if log is None and not snapshots:
         return None
-    step, lines, path = None, None, None
+    step, lines, path, log_contract = None, None, None, None
     if log is not None:
         from moetune.executor.logparse import parse_file, reference_step
 
@@ -159,6 +162,7 @@ def read_reference(log: str | Path | None = None, snapshots: Sequence[str | Path
             raise UserError("no iteration time outside warm-up and the profiled iterations "
                             "(`elapsed time per iteration (ms)` lines)", path=path)
         lines = parsed.memory
+        log_contract = _log_contract(path)
     summaries, ranks = [], []
     if snapshots:
         from moetune.analyzer.memory_evidence import (
@@ -172,7 +176,32 @@ def read_reference(log: str | Path | None = None, snapshots: Sequence[str | Path
             ranks.append(snapshot_rank(f) if snapshot_rank(f) is not None else i)
         if len(set(ranks)) != len(ranks):
             ranks = list(range(len(summaries)))  # names that do not tell ranks apart: the order
-    return Reference(path, step, lines, tuple(summaries), tuple(ranks))
+    return Reference(path, step, lines, tuple(summaries), tuple(ranks),
+                     log_contract=log_contract)
+
+
+def _log_contract(path: Path) -> dict[str, Any] | None:
+    """The contract a log's argument dump states, when it validates (else None: a log without
+    its arguments still gives its step time and memory)."""
+    from moetune.analyzer.megatron_args import contract_from_log
+    from moetune.errors import read_user_text
+
+    try:
+        found = contract_from_log(read_user_text(path, errors="replace"))
+        if found and found.get("megatron_args"):
+            read_contract(found)  # validates
+            return found
+    except UserError:
+        pass
+    return None
+
+
+def stand_in_contract(contract: ContractInput, reference: Reference | None) -> ContractInput:
+    """The contract given, else the one the reference log's arguments state (None with
+    neither): every command reads a run's log the same way."""
+    if contract is not None or reference is None or reference.log_contract is None:
+        return contract
+    return reference.log_contract
 
 
 def apply_reference(diagnosis: dict[str, Any], reference: Reference | None, *,
@@ -306,8 +335,10 @@ def analyze_trace(
     from moetune.analyzer import diagnose as diag
 
     ref = as_reference(reference_step_s)
-    con = read_contract(contract)
-    doc = _plain(con)
+    con = read_contract(stand_in_contract(contract, ref))
+    # the diagnosis reads the log as the log (its sections name it as their source); the
+    # stand-in contract serves the audit and the advice
+    doc = _plain(read_contract(contract)) if contract is not None else None
     run = None
     if con is not None and audit:
         from moetune.analyzer.audit import AuditRun

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "fixtures" / "traces"
 LOGS = ROOT / "fixtures" / "logs"
 MEM = TRACES / "grid_mem_mbs4_seq_rcfull_a2a_eager"
+HOST8 = TRACES / "mlm_host_mbs8_rcnone"
 
 
 def _iteration(i: int, ms: float, total: int = 20) -> str:
@@ -133,9 +134,36 @@ def test_a_saved_diagnosis_takes_only_its_own_reference(tmp_path: Path) -> None:
                                            check=True).stdout)
     from_saved = json.loads(subprocess.run([*run, "recommend", str(saved), "--log", log, "--json"], capture_output=True, text=True,
                                            timeout=300, check=True).stdout)
+    # the trace's pass audits the log's claims; a saved diagnosis carries no audit (--audit FILE)
+    audited = [r["verify"].pop("verdict_now", None) for r in from_trace["recommendations"]
+               if r.get("verify")]
+    for r in from_saved["recommendations"]:
+        if r.get("verify"):
+            assert r["verify"].pop("verdict_now", None) is None
+    assert "confirmed" in audited  # the log's full recompute, seen in the trace
     assert from_saved["recommendations"] == from_trace["recommendations"]
     assert from_saved["diagnosis"] == from_trace["diagnosis"]
     p = subprocess.run([*run, "recommend", str(plain), "--log", log], capture_output=True,
                        text=True, timeout=300, check=False)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
     assert "a saved diagnosis carries the reference it was made with" in p.stderr
+
+
+def test_without_a_contract_the_logs_arguments_stand_in() -> None:
+    """Megatron-LM at MBS 8 = GBS 8 without TE: with its log, nothing proposes a larger
+    micro-batch (none is legal) or TE's graphs (the log says local), and memory is priced."""
+    run = [sys.executable, "-m", "moetune", "recommend", str(HOST8 / "trace.json.gz")]
+    bare = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=300,
+                          check=True)
+    p = subprocess.run([*run, "--log", str(HOST8 / "train.log"), "--json"], capture_output=True,
+                       text=True, timeout=300, check=True)
+    rules = [r["rule"] for r in json.loads(p.stdout)["recommendations"]]
+    assert "host.larger-micro-batch" in [r["rule"] for r in json.loads(bare.stdout)["recommendations"]]
+    assert "host.larger-micro-batch" not in rules and "host.cuda-graphs" not in rules
+    assert rules[0] == "host.cuda-graphs-local"
+    top = json.loads(p.stdout)["recommendations"][0]
+    assert top["memory"]["verdict"] == "fits"
+    text = subprocess.run([*run, "--log", str(HOST8 / "train.log")], capture_output=True,
+                          text=True, timeout=300, check=True)
+    assert "train.log's arguments" in text.stdout.splitlines()[0]
+    assert text.stderr.strip() == "moetune: no --contract: train.log's argument dump stands in for it"

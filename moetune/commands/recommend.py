@@ -107,17 +107,21 @@ def run(args: argparse.Namespace) -> int:
         else:  # the user's saved audit stands in for the one this pass made
             doc = recommend(rules, analysis.diagnosis, analysis.contract_doc, audit, options=options)
     else:
-        from moetune.analysis import read_contract
+        from moetune.analysis import read_contract, stand_in_contract
 
-        con = read_contract(args.contract)
+        con = read_contract(stand_in_contract(args.contract, reference))
         doc = recommend(rules, diagnosis, thaw(con) if con else {}, audit, options=options)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-    else:
-        sys.stdout.write(render(doc, contract=args.contract))
+    from_log = (not args.contract and reference is not None and reference.log_contract is not None
+                and reference.log is not None)
+    if not args.json:
+        sys.stdout.write(render(doc, contract=args.contract or (
+            f"{reference.log.name}'s arguments" if from_log else None)))
     if not args.contract and not args.json:
-        print("moetune: no --contract: current arguments taken as Megatron defaults, "
-              "preconditions unverified", file=sys.stderr)
+        print(f"moetune: no --contract: {reference.log.name}'s argument dump stands in for it"
+              if from_log else "moetune: no --contract: current arguments taken as Megatron "
+              "defaults, preconditions unverified", file=sys.stderr)
     return 0
 
 
@@ -194,7 +198,9 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
 
     d = doc["diagnosis"]
     recs = doc["recommendations"]
-    label = doc["contract_label"] or (f"{Path(contract).name} (unlabelled)" if contract else "none")
+    where = Path(contract).name if contract else None
+    label = (f"{doc['contract_label']} ({where})" if doc["contract_label"] and where
+             else doc["contract_label"] or (f"{where} (unlabelled)" if where else "none"))
     lines = [
         f"moetune recommend · step {_secs(d['step_time_s'] or 0)} profiled · dominant "
         f"{d['dominant_wall']} · contract {label}"
