@@ -12,7 +12,8 @@ the what-if replay of the step's graph without it (`moetune.analyzer.ceilings`),
 time on the path: time on the path may hide work that takes its place (a kernel that ran beside
 host time still runs when the host is instant), and time off it may be what the path moves to.
 `host_gpu_busy_s` is the host path time during which the GPU was running queued work. `paced_by`
-says which chain set the step: `host` when host segments are over half the path, else `device`.
+says which side set the step (moetune/vocabulary.py `paced_by`): `host` when the path's host time
+with the GPU idle is over half the step, else `device`.
 The walls (analyzer/walls.py) say where the GPU's time went, and the rules read them; the path
 says what set the step's length.
 
@@ -60,7 +61,7 @@ from moetune.analyzer.frames import Trace
 from moetune.analyzer.graph import TimelineGraph, _no_gc, build_graph
 from moetune.analyzer.ranks import ranks_section
 
-from moetune.vocabulary import WALLS
+from moetune.vocabulary import PACED_BY, WALLS, paced_by
 
 
 def _path_walls(p: _Path, wall_names: Sequence[str | None]) -> dict[str, int]:
@@ -257,7 +258,7 @@ def critical_path_section(
         "path_s": {w: _s(walls[w]) for w in (*WALLS, "other")},
         "path_other_s": {k: _s(v) for k, v in other.items() if v},
         "host_gpu_busy_s": _s(host_busy),
-        "paced_by": "host" if walls["host"] * 2 > t else "device",
+        "paced_by": paced_by(t, walls["host"], host_busy),
         "segments": [_seg_doc(s, names) for s in segs],
         "per_step": [
             {"rank": r["rank"], "step": r["step"], "length_s": _s(r["end_ns"] - r["start_ns"]),
@@ -349,7 +350,8 @@ def path_lines(cp: dict) -> list[str]:
     this trace, and each wall's gain ceiling: the terminal's lines, the report's words."""
     t = cp["length_s"]
     on_path = cp["path_s"]
-    parts = [f"{w} {on_path[w] * 1e3:.2f} ms" for w in (*WALLS, "other") if on_path.get(w)]
+    parts = [f"{w} {on_path[w] * 1e3:.2f} ms" + _part_note(cp, w)
+             for w in (*WALLS, "other") if on_path.get(w)]
     ms = cp["median_step"]
     where = (f"step {ms[0]['step']}, rank {ms[0]['rank']}" if len(ms) == 1
              else f"median step of {len(ms)} ranks")
@@ -369,22 +371,27 @@ def path_lines(cp: dict) -> list[str]:
     return lines
 
 
+def _part_note(cp: dict, wall: str) -> str:
+    """What a path part holds beside its wall's own work: host calls made while the GPU ran
+    queued work (they did not pace the step, moetune/vocabulary.py `paced_by`)."""
+    busy = cp.get("host_gpu_busy_s") or 0.0
+    if wall == "host" and busy >= 5e-6:
+        return f" ({busy * 1e3:.2f} ms of it beside running GPU work)"
+    return ""
+
+
 def _views_lines(cp: dict, dominant: str | None) -> list[str]:
     """What the path view means beside the walls, when they could be read as disagreeing: a
-    host-paced path on a GPU-busy step, or a GPU-paced one where the host wall dominates."""
+    host-paced path on a step where another wall dominates, or a GPU-paced one where the host
+    wall dominates (GPU idle spread over many short gaps, none on the path for long)."""
     pace = cp.get("paced_by")
     if pace is None or dominant is None or (pace == "host") == (dominant == "host"):
         return []
-    if pace == "host":
-        busy = cp.get("host_gpu_busy_s", 0.0)
-        meaning = ("  host-paced: the CPU issues work slower than the GPU runs it, so the CPU's "
-                   "chain of calls set the step's length")
-        if busy > 0:
-            meaning += (f"; for {busy * 1e3:.2f} ms of it the GPU was running work queued earlier "
-                        "(not recoverable by a faster host alone)")
-    else:
-        meaning = ("  GPU-paced: GPU work and its dependencies set the step's length; the host "
-                   "wall is GPU idle time off that chain")
+    meaning = f"  {PACED_BY[pace]}"
+    busy = cp.get("host_gpu_busy_s", 0.0)
+    if busy > 0:
+        meaning += (f"; for {busy * 1e3:.2f} ms the path ran through host calls while the GPU "
+                    "was running work queued earlier (not recoverable by a faster host alone)")
     return [meaning, "  the walls say where the GPU's time went (the rules read them); the path "
                      "says what set the step's length (the what-if estimates replay its graph)"]
 
