@@ -60,8 +60,9 @@ from moetune.analyzer.critical_path import (
 from moetune.analyzer.frames import Trace
 from moetune.analyzer.graph import TimelineGraph, _no_gc, build_graph
 from moetune.analyzer.ranks import ranks_section
+from moetune.analyzer.walls import recompute_as_memory
 
-from moetune.vocabulary import PACED_BY, WALLS, paced_by
+from moetune.vocabulary import PACED_BY, RECOMPUTE, WALLS, paced_by
 
 
 def _path_walls(p: _Path, wall_names: Sequence[str | None]) -> dict[str, int]:
@@ -99,6 +100,14 @@ def _path_other(p: _Path, wall_names: Sequence[str | None]) -> dict[str, int]:
     return {_WHAT_NAMES[c]: int(dur[what == c].sum()) for c in np.unique(what).tolist()}
 
 
+def _path_recompute(p: _Path, recompute: np.ndarray | None) -> int:
+    """The path's time in GPU ops that are memory-saving recompute (node ids `recompute`)."""
+    if recompute is None:
+        return 0
+    mask = (p.what == _OP) & np.isin(p.node, recompute)
+    return int((p.end - p.start)[mask].sum())
+
+
 def _gain(t: float, r: float) -> float | None:
     return None if t - r <= 0 else round(t / (t - r) - 1, 6)
 
@@ -113,13 +122,37 @@ def _interval_frame(c: _Cols, mask: np.ndarray, like: pl.DataFrame) -> pl.DataFr
                                        pl.col("step").cast(like.schema["step"]))
 
 
-def _gpu_clipped(graph: TimelineGraph, win: pl.DataFrame) -> pl.DataFrame:
+def _is_recompute(graph: TimelineGraph, recompute: np.ndarray) -> pl.Series:
+    """Per GPU node of `graph` (in `nodes` order, `is_gpu` rows): whether it is memory-saving
+    recompute (`recompute`: the node ids, `recompute_nodes`)."""
+    gpu = graph.nodes.filter(pl.col("is_gpu")).get_column("node").to_numpy()
+    return pl.Series(np.isin(gpu, recompute))
+
+
+def recompute_nodes(graph: TimelineGraph, launches: pl.DataFrame | None) -> np.ndarray | None:
+    """Node ids of the GPU ops launched for memory-saving recompute (`launches`: rank,
+    correlation, walls.recompute_launches); None without any."""
+    if launches is None or launches.height == 0:
+        return None
+    nodes = graph.nodes.filter(pl.col("is_gpu")).select("node", "rank", "correlation")
+    hit = nodes.join(launches.select(pl.col("rank").cast(nodes.schema["rank"]),
+                                     pl.col("correlation").cast(nodes.schema["correlation"])),
+                     on=["rank", "correlation"], how="semi")
+    return hit.get_column("node").to_numpy()
+
+
+def _gpu_clipped(graph: TimelineGraph, win: pl.DataFrame,
+                 recompute: np.ndarray | None = None) -> pl.DataFrame:
     """The graph's GPU ops (rank, wall, start, end) clipped to their step windows, once for the
     communication split and the host-busy share (a clip is per row: filtering by wall after it
     keeps the same pieces)."""
     w = win.rename({"win_start_ns": "lo", "win_end_ns": "hi"})
     ops = graph.nodes.filter(pl.col("is_gpu")).select(
         "rank", "wall", pl.col("ts_ns").alias(iv.START), pl.col("end_ns").alias(iv.END))
+    if recompute is not None:  # re-run forward work hides communication as compute does (walls)
+        ops = ops.with_columns(pl.when(_is_recompute(graph, recompute))
+                               .then(pl.lit("compute")).otherwise(pl.col("wall").cast(pl.String))
+                               .alias("wall"))
     return iv.clip(ops, w, on=["rank"], window_cols=["step"], start="lo", end="hi")
 
 
@@ -165,8 +198,11 @@ def _host_while_gpu_busy(graph: TimelineGraph, win: pl.DataFrame, cols: _Cols,
 
 
 def _analyze(trace: Trace, steps: pl.DataFrame | None, graph: TimelineGraph | None,
-             ranks: Sequence[int] | None) -> tuple[list[dict], _Cols, tuple[str | None, ...]]:
-    """`analyze` with each path as columns (`_Path`), plus all steps' segments concatenated."""
+             ranks: Sequence[int] | None, recompute: pl.DataFrame | None = None
+             ) -> tuple[list[dict], _Cols, tuple[str | None, ...]]:
+    """`analyze` with each path as columns (`_Path`), plus all steps' segments concatenated.
+    `recompute`: walls.recompute_launches, whose GPU ops the events already give the memory
+    wall (`recompute_as_memory`): their path time is also counted apart (`recompute`)."""
     win = step_windows(trace, steps)
     if ranks is not None:
         win = win.filter(pl.col("rank").is_in(list(ranks)))
@@ -184,11 +220,13 @@ def _analyze(trace: Trace, steps: pl.DataFrame | None, graph: TimelineGraph | No
             views[rank] = _view(graph, rank, arrays)
         paths.append(_path(views[rank], rank, step, lo, hi))
     cols = _concat(paths)
-    clipped = _gpu_clipped(graph, win)
+    rc = recompute_nodes(graph, recompute)
+    clipped = _gpu_clipped(graph, win, rc)
     comm = _comm_split(graph, win, cols, clipped)
     busy = _host_while_gpu_busy(graph, win, cols, names, clipped)
     res = [{"rank": rank, "step": step, "start_ns": lo, "end_ns": hi, "path": p,
             "walls": _path_walls(p, names), "other": _path_other(p, names),
+            "recompute": _path_recompute(p, rc),
             "comm": comm[(rank, step)], "host_gpu_busy": busy.get((rank, step), 0)}
            for (rank, step, lo, hi), p in zip(rows, paths, strict=True)]
     return res, cols, names
@@ -216,6 +254,7 @@ def critical_path_section(
     *,
     graph: TimelineGraph | None = None,
     top: int = TOP_SEGMENTS,
+    recompute: pl.DataFrame | None = None,
 ) -> dict[str, dict]:
     """`{"critical_path": {...}, "blocking": {...}}` for the diagnosis document (paths read by
     the rules engine: critical_path.recoverable_s.<wall>, critical_path.gain_ceiling.<wall>,
@@ -224,7 +263,7 @@ def critical_path_section(
         win = step_windows(trace, steps)
         lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
         graph = build_graph(trace, window=(int(lo), int(hi)) if lo is not None else None)
-    res, cols, wall_names = _analyze(trace, steps, graph, None)
+    res, cols, wall_names = _analyze(trace, steps, graph, None, recompute)
     if not res:
         return {}
     meds = _median_steps(res)
@@ -257,6 +296,7 @@ def critical_path_section(
         "other_s": _s(walls["other"]),
         "path_s": {w: _s(walls[w]) for w in (*WALLS, "other")},
         "path_other_s": {k: _s(v) for k, v in other.items() if v},
+        "recompute_s": _s(_mean([r["recompute"] for r in meds])),
         "host_gpu_busy_s": _s(host_busy),
         "paced_by": paced_by(t, walls["host"], host_busy),
         "segments": [_seg_doc(s, names) for s in segs],
@@ -373,10 +413,14 @@ def path_lines(cp: dict) -> list[str]:
 
 def _part_note(cp: dict, wall: str) -> str:
     """What a path part holds beside its wall's own work: host calls made while the GPU ran
-    queued work (they did not pace the step, moetune/vocabulary.py `paced_by`)."""
+    queued work (they did not pace the step, moetune/vocabulary.py `paced_by`); the memory
+    part's memory-saving recompute (vocabulary `RECOMPUTE`)."""
     busy = cp.get("host_gpu_busy_s") or 0.0
     if wall == "host" and busy >= 5e-6:
         return f" ({busy * 1e3:.2f} ms of it beside running GPU work)"
+    rc = cp.get("recompute_s") or 0.0
+    if wall == "memory" and rc >= 5e-6:
+        return f" (of which {RECOMPUTE} {rc * 1e3:.2f} ms)"
     return ""
 
 
@@ -410,12 +454,19 @@ def diagnosis_section(trace: Trace, steps: Any, ctx: Any) -> dict[str, dict]:
     shared by the critical path and blocking; plus the cross-rank section when > 1 rank."""
     table = steps.table if hasattr(steps, "table") else steps
     events = getattr(ctx, "events", None)
-    tr = trace if events is None else Trace(events=events, comms=trace.comms, flows=trace.flows,
-                                            ranks=trace.ranks, warnings=trace.warnings)
+    recompute = getattr(ctx, "recompute", None)
+    if events is not None and recompute is not None and recompute.height:
+        # memory-saving recompute is a memory cost on the path as in the walls
+        path_events = recompute_as_memory(events, recompute)
+    else:
+        path_events, recompute = events, None
+    tr = trace if events is None else Trace(events=path_events, comms=trace.comms,
+                                            flows=trace.flows, ranks=trace.ranks,
+                                            warnings=trace.warnings)
     graph_table, sampled = graph_scope(tr.events, table)
     lo, hi = graph_table["win_start_ns"].min(), graph_table["win_end_ns"].max()
     graph = build_graph(tr, window=(int(lo), int(hi)) if lo is not None else None)
-    out = critical_path_section(tr, graph_table, graph=graph)
+    out = critical_path_section(tr, graph_table, graph=graph, recompute=recompute)
     if out and sampled:
         out["critical_path"]["graph"]["sampled"] = sampled
     if tr.events.get_column("rank").n_unique() > 1:

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from moetune.analyzer import device_memory, observed, path_summary, phases, ranks, throughput
+from moetune.vocabulary import RECOMPUTE, RECOMPUTE_MEANING, RECOMPUTE_SHARE
 
 WALL_ORDER = ("compute", "communication", "memory", "host")
 
@@ -57,10 +58,14 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
         d = detail[w]
         mark = "← dominant" if w == doc["dominant_wall"] else ""
         t.add_row(w, _ms(d["exposed_s"]), _ms(d["hidden_s"]), _pct(doc["walls"][w]), mark)
+        if w == "memory" and d.get("recompute_s"):  # its own line, inside the memory wall
+            step = doc.get("step_time_s") or 0.0
+            t.add_row(f"  of which {RECOMPUTE}", _ms(d["recompute_s"]), "",
+                      _pct(d["recompute_s"] / step) if step else "—", "")
     out.print(t)
     mem = detail["memory"]
     if mem.get("recompute_s"):
-        out.print(f"memory includes recompute {_ms(mem['recompute_s'])} (forward re-run in backward)")
+        out.print(f"{RECOMPUTE}: {RECOMPUTE_MEANING}", markup=False)
     if mem.get("offload_s"):
         pageable = f", {_ms(mem['offload_pageable_s'])} through pageable memory" if mem.get("offload_pageable_s") else ""
         out.print(f"memory includes offload round trips {_ms(mem['offload_s'])} exposed{pageable}")
@@ -77,7 +82,8 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
         "observed: "
         f"dispatcher {o['dispatcher_backend']} · graph replay {'yes' if o['cuda_graph_replay'] else 'no'} · "
         f"fp8 gemm {'yes' if o['fp8_gemm'] else 'no'} · grouped gemm {'yes' if o['grouped_gemm'] else 'no'} · "
-        f"recompute {_pct(o['recompute_fraction'])} of compute · offload copies {_pct(o['offload_copy_fraction'])} of step"
+        f"{RECOMPUTE} {_pct(o['recompute_fraction'])} {RECOMPUTE_SHARE} · "
+        f"offload copies {_pct(o['offload_copy_fraction'])} of step"
         + (f" · pageable copies {_pct(o['pageable_copy_fraction'])} of step" if o.get("pageable_copy_fraction") else "")
     )
     for line in (observed.summary_lines(doc) + path_summary.summary_lines(doc)
@@ -114,7 +120,7 @@ def render_phases(doc: dict[str, Any], console: Console | None = None) -> None:
                       r.get("source") or "—")
         out.print(t)
         out.print("waited: GPU idle until the phase's work started (the step waited for it to be "
-                  "issued); f/b/r: % of its step time in forward, backward, recompute; host: "
+                  f"issued); f/b/r: % of its step time in forward, backward, {RECOMPUTE}; host: "
                   "host time issuing it", markup=False)
     layered = ph.get("by_layer") or []
     count = (ph.get("layers") or {}).get("count") or 0

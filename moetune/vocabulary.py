@@ -21,3 +21,12 @@ def paced_by(length_s: float, host_on_path_s: float, host_gpu_busy_s: float) -> 
     """`host` or `device` (PACED_BY): the host paced the step when its path time with the GPU
     idle (`host_on_path_s` − `host_gpu_busy_s`) is over half the step's length."""
     return "host" if (host_on_path_s - host_gpu_busy_s) * 2 > length_s else "device"
+
+# Memory-saving recompute: forward work re-run inside backward (activation checkpointing) so that
+# its activations need not be kept. It exists to save memory, so its GPU time is a memory cost:
+# the memory wall (analyzer/walls.py), the critical path's memory part (analyzer/path_summary.py)
+# and the evidence all count the same kernels, each showing it as its own line. Its share of
+# compute (`observed.recompute_fraction`) divides by all compute-kernel time, re-runs included.
+RECOMPUTE = "memory-saving recompute"
+RECOMPUTE_MEANING = "forward work re-run in backward to save activation memory; a memory cost"
+RECOMPUTE_SHARE = "of all compute-kernel time (first runs and re-runs)"
