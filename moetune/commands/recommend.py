@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from moetune.commands import reference_args
-from moetune.errors import UserError, read_user_text
+from moetune.errors import UserError, bad_json, read_user_text
 
 DIAGNOSIS_SCHEMA_ID = "moetune.diagnosis/1"
 _MAX_DOC_BYTES = 64 << 20  # a diagnosis document is small; bigger .json files are traces
@@ -49,10 +49,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def read_json(path: Path) -> Any:
+    text = read_user_text(path)
     try:
-        return json.loads(read_user_text(path))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"invalid JSON at line {exc.lineno}: {exc.msg}", path=path) from None
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise bad_json(text, path) from None
     except RecursionError:  # the parser recurses per level; no moetune document is that deep
         raise UserError("invalid JSON: nested too deeply", path=path) from None
 
