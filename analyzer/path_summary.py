@@ -87,6 +87,25 @@ OTHER_KINDS: dict[str, str] = {
 }
 
 
+# What each count of `critical_path.graph.unlinked` is (analyzer/graph.py, collectives.py), in
+# the terminal's and the report's words
+UNLINKED_KINDS: dict[str, str] = {
+    "event_record_unknown": "event waits whose recording op the trace does not name: bounded "
+                            "by the wait call instead",
+    "event_wait_inferred": "cross-stream waits inferred from timing: the trace records the "
+                           "wait calls but not what they waited on",
+    "event_wait_no_recorded_op": "event waits whose recorded op is not in the trace",
+    "event_wait_no_waiter": "event waits with no later op on the waiting stream",
+    "sync_unresolved": "blocking syncs with no finished op to wait for",
+    "gpu_without_launch": "GPU ops with no launch call in the trace",
+    "duplicate_launch_correlation": "launches sharing one correlation id",
+    "time_inconsistent": "dependencies dropped as impossible in time (clock skew)",
+    "self_loops": "dependencies of an op on itself, dropped",
+    "cycle_edges_dropped": "dependencies dropped to break cycles (malformed correlation data)",
+    "collectives_unmatched": "collectives not matched across ranks",
+}
+
+
 # What the host wall's `other` idle is (analyzer/walls.py: GPU idle neither sync-blocked nor
 # launch-starved), in the terminal's and the report's words
 HOST_IDLE_OTHER = ("its next op already launched, no host call blocking: launch latency or a "
@@ -381,7 +400,9 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
                      f"{sm['steps_in_window']} steps > {sm['limit']:,})")
     unl = {k: v for k, v in cp["graph"]["unlinked"].items() if v}
     if unl:
-        lines.append("  not linked: " + ", ".join(f"{k} {v}" for k, v in sorted(unl.items())))
+        lines.append("  not linked (dependencies the path follows approximately or not at all): "
+                     + "; ".join(f"{k} {v:,} ({UNLINKED_KINDS.get(k, 'see docs/architecture.md')})"
+                                 for k, v in sorted(unl.items())))
     return lines
 
 

@@ -30,3 +30,24 @@ def paced_by(length_s: float, host_on_path_s: float, host_gpu_busy_s: float) -> 
 RECOMPUTE = "memory-saving recompute"
 RECOMPUTE_MEANING = "forward work re-run in backward to save activation memory; a memory cost"
 RECOMPUTE_SHARE = "of all compute-kernel time (first runs and re-runs)"
+
+# The terminal's shorthand, each term explained once: `key_lines` picks the ones a text uses
+# (recommend prints them as its key, after the recommendations).
+GLOSSARY: dict[str, str] = {
+    "[preview]": "the rule's status (rules/*.yaml): its thresholds and gain range may still "
+                 "change; measure the change (moetune run) before relying on it",
+    "help:": "the Megatron-LM command-line flags that make the change (`help: remove …`: flags "
+             "to drop, the change restores Megatron's default)",
+    "bridge:": "the same change as Megatron-Bridge config overrides (run_recipe.py key=value)",
+    "ceiling": "the most the change could gain: the step replayed without all the time it "
+               "attacks (the gain range lies below it)",
+    "unlocks:": "a change this one makes possible, with its own predicted gain on top",
+    "verify:": "what to check after the change: the audit confirming it ran, and the metric's "
+               "expected move",
+}
+
+
+def key_lines(text: str) -> list[str]:
+    """`key: <term> <meaning>` for each GLOSSARY term `text` uses, in GLOSSARY's order."""
+    return [f"key: {term} {meaning}" for term, meaning in GLOSSARY.items()
+            if f"\n{term}" in f"\n{text}" or f" {term}" in text]
