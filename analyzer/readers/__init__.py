@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from moetune.analyzer.frames import Trace, concat_traces
+from moetune.analyzer.readers.compressed import READ_COMPRESSED, decompress
 from moetune.analyzer.readers.cores import cpu_count
 from moetune.analyzer.readers.kineto import read_kineto, trim_heap
 from moetune.analyzer.readers.nsys import read_nsys
@@ -24,7 +25,6 @@ from moetune.errors import UserError, compressed_with
 KINETO_SUFFIXES = (".json", ".json.gz", ".json.xz", ".json.bz2")
 NSYS_SUFFIXES = (".sqlite", ".sqlite3", ".db", ".nsys-rep", ".qdrep")
 SQLITE_MAGIC = b"SQLite format 3\x00"
-READ_COMPRESSED = ("xz", "bzip2")  # read as they are, like gzip (analyzer/readers/kineto.py)
 
 
 def sniff(path: Path) -> str:
@@ -175,17 +175,3 @@ def _read_side_by_side(files: list[Path], ranks: list[int], workers: int, thread
             for fut in futures.values():
                 fut.cancel()
 
-
-def decompress(data: bytes, path: Path) -> bytes:
-    """`data` itself, or its content when xz or bzip2 compressed (READ_COMPRESSED); a damaged
-    stream is a UserError naming the file."""
-    import bz2
-    import lzma
-
-    packed = compressed_with(data[:8])
-    if not packed or packed[0] not in READ_COMPRESSED:
-        return data
-    try:
-        return lzma.decompress(data) if packed[0] == "xz" else bz2.decompress(data)
-    except (OSError, EOFError, ValueError, lzma.LZMAError) as exc:
-        raise UserError(f"corrupt or truncated {packed[0]} ({exc})", path=path) from None

@@ -54,6 +54,7 @@ from moetune.analyzer.frames import (
     conform,
     copy_mem_of_name,
 )
+from moetune.analyzer.readers.compressed import decompress
 from moetune.analyzer.readers.cores import cpu_count
 
 from moetune.errors import UserError, bad_json, compressed_with
@@ -338,8 +339,6 @@ def _open(path: Path) -> bytes | mmap.mmap:
             fh.seek(0)
             head = fh.read(8)
             if compressed_with(head):  # xz, bzip2: read whole, as gzip is
-                from moetune.analyzer.readers import decompress
-
                 fh.seek(0)
                 return decompress(fh.read(), path)
             # No `with`: the raw event slices are views of the map, which lives as long as
