@@ -62,7 +62,7 @@ from moetune.analyzer.graph import TimelineGraph, _no_gc, build_graph
 from moetune.analyzer.ranks import ranks_section
 from moetune.analyzer.walls import recompute_as_memory
 
-from moetune.vocabulary import PACED_BY, RECOMPUTE, WALLS, paced_by
+from moetune.vocabulary import PACED_BY, PACED_BY_LABEL, RECOMPUTE, WALLS, paced_by
 
 
 def _path_walls(p: _Path, wall_names: Sequence[str | None]) -> dict[str, int]:
@@ -416,7 +416,7 @@ def path_lines(cp: dict) -> list[str]:
     ms = cp["median_step"]
     where = (f"step {ms[0]['step']}, rank {ms[0]['rank']}" if len(ms) == 1
              else f"median step of {len(ms)} ranks")
-    pace = {"host": ", host-paced", "device": ", GPU-paced"}.get(cp.get("paced_by"), "")
+    pace = f", {PACED_BY_LABEL[cp['paced_by']]}" if cp.get("paced_by") in PACED_BY_LABEL else ""
     lines = [f"critical path {t * 1e3:.2f} ms ({where}){pace}: " + ", ".join(parts)]
     other = cp.get("path_other_s") or {}
     if other:

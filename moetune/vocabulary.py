@@ -11,6 +11,8 @@ WALLS: tuple[str, ...] = ("compute", "communication", "memory", "host")
 # work and dependencies, or host calls that ran beside queued GPU work, which a faster host
 # cannot recover). A 99 %-busy GPU whose every launch sits on the path is GPU-paced; a step of
 # thousands of µs-long kernels the host cannot issue fast enough is host-paced.
+PACED_BY_WHO = {"host": "the host", "device": "the GPU"}  # "paced by …" (the report's verdict)
+PACED_BY_LABEL = {"host": "host-paced", "device": "GPU-paced"}  # the terminal's path line
 PACED_BY = {
     "host": "host-paced: for over half the step the GPU sat idle waiting for the host's calls",
     "device": "GPU-paced: the GPU's own work and dependencies set the step's length",

@@ -12,7 +12,7 @@ from pathlib import Path
 import jsonschema
 
 from moetune.cli import main
-from moetune.vocabulary import PACED_BY, paced_by
+from moetune.vocabulary import PACED_BY, PACED_BY_LABEL, PACED_BY_WHO, paced_by
 from tests.test_reader_nsys import GPID, _gtid, make_export
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def test_definition_is_one_function() -> None:
     assert paced_by(1.0, 0.9, 0.85) == "device"  # the path's host time ran beside GPU work
     assert paced_by(1.0, 0.9, 0.1) == "host"  # the GPU idle 0.8 of the step for the host
     assert paced_by(1.0, 0.5, 0.0) == "device"  # exactly half: not more than half
-    assert set(PACED_BY) == set(SCHEMA["properties"]["critical_path"]["properties"]["paced_by"]
+    assert set(PACED_BY) == set(PACED_BY_LABEL) == set(PACED_BY_WHO) == set(SCHEMA["properties"]["critical_path"]["properties"]["paced_by"]
                                 ["enum"])
 
 
