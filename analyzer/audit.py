@@ -236,6 +236,15 @@ def _holds(raw: Mapping[str, Any], resolve: conditions.Resolver) -> bool:
     return conditions.evaluate(_parse(raw, ()), resolve)[0] is True
 
 
+def claim_title(sig: Mapping[str, Any], expects: str) -> str:
+    """What the contract's claim states, in words: the signature's title for a claim that the
+    feature ran, its `title_off` for a claim that it is off (a verdict `confirmed` then means
+    "off, as claimed", never "it ran")."""
+    if expects == "ran":
+        return str(sig["title"])
+    return str(sig.get("title_off") or f"not: {sig['title']}")
+
+
 def judge(sig: Mapping[str, Any], expects: str, facts: Mapping[str, Any]) -> tuple[str, str]:
     """(verdict, reason) for one signature over the facts."""
     resolve = _resolver(facts)
@@ -365,7 +374,7 @@ class AuditRun:
                 "claimed": thaw(claimed),
                 "expects": expects,
                 "signature": sig["id"],
-                "title": sig["title"],
+                "title": claim_title(sig, expects),
                 "evidence": shown,
                 "examples": res.get("_examples", []),
                 "reason": reason,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from moetune import knobs, resources
-from moetune.errors import UserError, read_user_text
+from moetune.errors import UserError, bad_json, read_user_text
 from moetune.knobs import normalize_args
 from moetune.resources import schema
 
@@ -362,8 +362,8 @@ def read_document(path: str | Path) -> Any:
     text = read_user_text(p)
     try:
         doc = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"invalid JSON at line {exc.lineno}: {exc.msg}", path=p) from None
+    except json.JSONDecodeError:
+        raise bad_json(text, p) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

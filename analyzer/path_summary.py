@@ -12,7 +12,8 @@ the what-if replay of the step's graph without it (`moetune.analyzer.ceilings`),
 time on the path: time on the path may hide work that takes its place (a kernel that ran beside
 host time still runs when the host is instant), and time off it may be what the path moves to.
 `host_gpu_busy_s` is the host path time during which the GPU was running queued work. `paced_by`
-says which chain set the step: `host` when host segments are over half the path, else `device`.
+says which side set the step (moetune/vocabulary.py `paced_by`): `host` when the path's host time
+with the GPU idle is over half the step, else `device`.
 The walls (analyzer/walls.py) say where the GPU's time went, and the rules read them; the path
 says what set the step's length.
 
@@ -59,8 +60,9 @@ from moetune.analyzer.critical_path import (
 from moetune.analyzer.frames import Trace
 from moetune.analyzer.graph import TimelineGraph, _no_gc, build_graph
 from moetune.analyzer.ranks import ranks_section
+from moetune.analyzer.walls import recompute_as_memory
 
-from moetune.vocabulary import WALLS
+from moetune.vocabulary import PACED_BY, PACED_BY_LABEL, RECOMPUTE, WALLS, paced_by
 
 
 def _path_walls(p: _Path, wall_names: Sequence[str | None]) -> dict[str, int]:
@@ -85,6 +87,25 @@ OTHER_KINDS: dict[str, str] = {
 }
 
 
+# What each count of `critical_path.graph.unlinked` is (analyzer/graph.py, collectives.py), in
+# the terminal's and the report's words
+UNLINKED_KINDS: dict[str, str] = {
+    "event_record_unknown": "event waits whose recording op the trace does not name: bounded "
+                            "by the wait call instead",
+    "event_wait_inferred": "cross-stream waits inferred from timing: the trace records the "
+                           "wait calls but not what they waited on",
+    "event_wait_no_recorded_op": "event waits whose recorded op is not in the trace",
+    "event_wait_no_waiter": "event waits with no later op on the waiting stream",
+    "sync_unresolved": "blocking syncs with no finished op to wait for",
+    "gpu_without_launch": "GPU ops with no launch call in the trace",
+    "duplicate_launch_correlation": "launches sharing one correlation id",
+    "time_inconsistent": "dependencies dropped as impossible in time (clock skew)",
+    "self_loops": "dependencies of an op on itself, dropped",
+    "cycle_edges_dropped": "dependencies dropped to break cycles (malformed correlation data)",
+    "collectives_unmatched": "collectives not matched across ranks",
+}
+
+
 # What the host wall's `other` idle is (analyzer/walls.py: GPU idle neither sync-blocked nor
 # launch-starved), in the terminal's and the report's words
 HOST_IDLE_OTHER = ("its next op already launched, no host call blocking: launch latency or a "
@@ -96,6 +117,14 @@ def _path_other(p: _Path, wall_names: Sequence[str | None]) -> dict[str, int]:
     mask = p.wall == list(wall_names).index("other")
     dur, what = (p.end - p.start)[mask], p.what[mask]
     return {_WHAT_NAMES[c]: int(dur[what == c].sum()) for c in np.unique(what).tolist()}
+
+
+def _path_recompute(p: _Path, recompute: np.ndarray | None) -> int:
+    """The path's time in GPU ops that are memory-saving recompute (node ids `recompute`)."""
+    if recompute is None:
+        return 0
+    mask = (p.what == _OP) & np.isin(p.node, recompute)
+    return int((p.end - p.start)[mask].sum())
 
 
 def _gain(t: float, r: float) -> float | None:
@@ -112,13 +141,37 @@ def _interval_frame(c: _Cols, mask: np.ndarray, like: pl.DataFrame) -> pl.DataFr
                                        pl.col("step").cast(like.schema["step"]))
 
 
-def _gpu_clipped(graph: TimelineGraph, win: pl.DataFrame) -> pl.DataFrame:
+def _is_recompute(graph: TimelineGraph, recompute: np.ndarray) -> pl.Series:
+    """Per GPU node of `graph` (in `nodes` order, `is_gpu` rows): whether it is memory-saving
+    recompute (`recompute`: the node ids, `recompute_nodes`)."""
+    gpu = graph.nodes.filter(pl.col("is_gpu")).get_column("node").to_numpy()
+    return pl.Series(np.isin(gpu, recompute))
+
+
+def recompute_nodes(graph: TimelineGraph, launches: pl.DataFrame | None) -> np.ndarray | None:
+    """Node ids of the GPU ops launched for memory-saving recompute (`launches`: rank,
+    correlation, walls.recompute_launches); None without any."""
+    if launches is None or launches.height == 0:
+        return None
+    nodes = graph.nodes.filter(pl.col("is_gpu")).select("node", "rank", "correlation")
+    hit = nodes.join(launches.select(pl.col("rank").cast(nodes.schema["rank"]),
+                                     pl.col("correlation").cast(nodes.schema["correlation"])),
+                     on=["rank", "correlation"], how="semi")
+    return hit.get_column("node").to_numpy()
+
+
+def _gpu_clipped(graph: TimelineGraph, win: pl.DataFrame,
+                 recompute: np.ndarray | None = None) -> pl.DataFrame:
     """The graph's GPU ops (rank, wall, start, end) clipped to their step windows, once for the
     communication split and the host-busy share (a clip is per row: filtering by wall after it
     keeps the same pieces)."""
     w = win.rename({"win_start_ns": "lo", "win_end_ns": "hi"})
     ops = graph.nodes.filter(pl.col("is_gpu")).select(
         "rank", "wall", pl.col("ts_ns").alias(iv.START), pl.col("end_ns").alias(iv.END))
+    if recompute is not None:  # re-run forward work hides communication as compute does (walls)
+        ops = ops.with_columns(pl.when(_is_recompute(graph, recompute))
+                               .then(pl.lit("compute")).otherwise(pl.col("wall").cast(pl.String))
+                               .alias("wall"))
     return iv.clip(ops, w, on=["rank"], window_cols=["step"], start="lo", end="hi")
 
 
@@ -164,8 +217,11 @@ def _host_while_gpu_busy(graph: TimelineGraph, win: pl.DataFrame, cols: _Cols,
 
 
 def _analyze(trace: Trace, steps: pl.DataFrame | None, graph: TimelineGraph | None,
-             ranks: Sequence[int] | None) -> tuple[list[dict], _Cols, tuple[str | None, ...]]:
-    """`analyze` with each path as columns (`_Path`), plus all steps' segments concatenated."""
+             ranks: Sequence[int] | None, recompute: pl.DataFrame | None = None
+             ) -> tuple[list[dict], _Cols, tuple[str | None, ...]]:
+    """`analyze` with each path as columns (`_Path`), plus all steps' segments concatenated.
+    `recompute`: walls.recompute_launches, whose GPU ops the events already give the memory
+    wall (`recompute_as_memory`): their path time is also counted apart (`recompute`)."""
     win = step_windows(trace, steps)
     if ranks is not None:
         win = win.filter(pl.col("rank").is_in(list(ranks)))
@@ -183,11 +239,13 @@ def _analyze(trace: Trace, steps: pl.DataFrame | None, graph: TimelineGraph | No
             views[rank] = _view(graph, rank, arrays)
         paths.append(_path(views[rank], rank, step, lo, hi))
     cols = _concat(paths)
-    clipped = _gpu_clipped(graph, win)
+    rc = recompute_nodes(graph, recompute)
+    clipped = _gpu_clipped(graph, win, rc)
     comm = _comm_split(graph, win, cols, clipped)
     busy = _host_while_gpu_busy(graph, win, cols, names, clipped)
     res = [{"rank": rank, "step": step, "start_ns": lo, "end_ns": hi, "path": p,
             "walls": _path_walls(p, names), "other": _path_other(p, names),
+            "recompute": _path_recompute(p, rc),
             "comm": comm[(rank, step)], "host_gpu_busy": busy.get((rank, step), 0)}
            for (rank, step, lo, hi), p in zip(rows, paths, strict=True)]
     return res, cols, names
@@ -215,6 +273,7 @@ def critical_path_section(
     *,
     graph: TimelineGraph | None = None,
     top: int = TOP_SEGMENTS,
+    recompute: pl.DataFrame | None = None,
 ) -> dict[str, dict]:
     """`{"critical_path": {...}, "blocking": {...}}` for the diagnosis document (paths read by
     the rules engine: critical_path.recoverable_s.<wall>, critical_path.gain_ceiling.<wall>,
@@ -223,7 +282,7 @@ def critical_path_section(
         win = step_windows(trace, steps)
         lo, hi = win["win_start_ns"].min(), win["win_end_ns"].max()
         graph = build_graph(trace, window=(int(lo), int(hi)) if lo is not None else None)
-    res, cols, wall_names = _analyze(trace, steps, graph, None)
+    res, cols, wall_names = _analyze(trace, steps, graph, None, recompute)
     if not res:
         return {}
     meds = _median_steps(res)
@@ -256,8 +315,9 @@ def critical_path_section(
         "other_s": _s(walls["other"]),
         "path_s": {w: _s(walls[w]) for w in (*WALLS, "other")},
         "path_other_s": {k: _s(v) for k, v in other.items() if v},
+        "recompute_s": _s(_mean([r["recompute"] for r in meds])),
         "host_gpu_busy_s": _s(host_busy),
-        "paced_by": "host" if walls["host"] * 2 > t else "device",
+        "paced_by": paced_by(t, walls["host"], host_busy),
         "segments": [_seg_doc(s, names) for s in segs],
         "per_step": [
             {"rank": r["rank"], "step": r["step"], "length_s": _s(r["end_ns"] - r["start_ns"]),
@@ -340,7 +400,9 @@ def summary_lines(section: dict[str, dict]) -> list[str]:
                      f"{sm['steps_in_window']} steps > {sm['limit']:,})")
     unl = {k: v for k, v in cp["graph"]["unlinked"].items() if v}
     if unl:
-        lines.append("  not linked: " + ", ".join(f"{k} {v}" for k, v in sorted(unl.items())))
+        lines.append("  not linked (dependencies the path follows approximately or not at all): "
+                     + "; ".join(f"{k} {v:,} ({UNLINKED_KINDS.get(k, 'see docs/architecture.md')})"
+                                 for k, v in sorted(unl.items())))
     return lines
 
 
@@ -349,11 +411,12 @@ def path_lines(cp: dict) -> list[str]:
     this trace, and each wall's gain ceiling: the terminal's lines, the report's words."""
     t = cp["length_s"]
     on_path = cp["path_s"]
-    parts = [f"{w} {on_path[w] * 1e3:.2f} ms" for w in (*WALLS, "other") if on_path.get(w)]
+    parts = [f"{w} {on_path[w] * 1e3:.2f} ms" + _part_note(cp, w)
+             for w in (*WALLS, "other") if on_path.get(w)]
     ms = cp["median_step"]
     where = (f"step {ms[0]['step']}, rank {ms[0]['rank']}" if len(ms) == 1
              else f"median step of {len(ms)} ranks")
-    pace = {"host": ", host-paced", "device": ", GPU-paced"}.get(cp.get("paced_by"), "")
+    pace = f", {PACED_BY_LABEL[cp['paced_by']]}" if cp.get("paced_by") in PACED_BY_LABEL else ""
     lines = [f"critical path {t * 1e3:.2f} ms ({where}){pace}: " + ", ".join(parts)]
     other = cp.get("path_other_s") or {}
     if other:
@@ -369,22 +432,31 @@ def path_lines(cp: dict) -> list[str]:
     return lines
 
 
+def _part_note(cp: dict, wall: str) -> str:
+    """What a path part holds beside its wall's own work: host calls made while the GPU ran
+    queued work (they did not pace the step, moetune/vocabulary.py `paced_by`); the memory
+    part's memory-saving recompute (vocabulary `RECOMPUTE`)."""
+    busy = cp.get("host_gpu_busy_s") or 0.0
+    if wall == "host" and busy >= 5e-6:
+        return f" ({busy * 1e3:.2f} ms of it beside running GPU work)"
+    rc = cp.get("recompute_s") or 0.0
+    if wall == "memory" and rc >= 5e-6:
+        return f" (of which {RECOMPUTE} {rc * 1e3:.2f} ms)"
+    return ""
+
+
 def _views_lines(cp: dict, dominant: str | None) -> list[str]:
     """What the path view means beside the walls, when they could be read as disagreeing: a
-    host-paced path on a GPU-busy step, or a GPU-paced one where the host wall dominates."""
+    host-paced path on a step where another wall dominates, or a GPU-paced one where the host
+    wall dominates (GPU idle spread over many short gaps, none on the path for long)."""
     pace = cp.get("paced_by")
     if pace is None or dominant is None or (pace == "host") == (dominant == "host"):
         return []
-    if pace == "host":
-        busy = cp.get("host_gpu_busy_s", 0.0)
-        meaning = ("  host-paced: the CPU issues work slower than the GPU runs it, so the CPU's "
-                   "chain of calls set the step's length")
-        if busy > 0:
-            meaning += (f"; for {busy * 1e3:.2f} ms of it the GPU was running work queued earlier "
-                        "(not recoverable by a faster host alone)")
-    else:
-        meaning = ("  GPU-paced: GPU work and its dependencies set the step's length; the host "
-                   "wall is GPU idle time off that chain")
+    meaning = f"  {PACED_BY[pace]}"
+    busy = cp.get("host_gpu_busy_s", 0.0)
+    if busy > 0:
+        meaning += (f"; for {busy * 1e3:.2f} ms the path ran through host calls while the GPU "
+                    "was running work queued earlier (not recoverable by a faster host alone)")
     return [meaning, "  the walls say where the GPU's time went (the rules read them); the path "
                      "says what set the step's length (the what-if estimates replay its graph)"]
 
@@ -403,12 +475,19 @@ def diagnosis_section(trace: Trace, steps: Any, ctx: Any) -> dict[str, dict]:
     shared by the critical path and blocking; plus the cross-rank section when > 1 rank."""
     table = steps.table if hasattr(steps, "table") else steps
     events = getattr(ctx, "events", None)
-    tr = trace if events is None else Trace(events=events, comms=trace.comms, flows=trace.flows,
-                                            ranks=trace.ranks, warnings=trace.warnings)
+    recompute = getattr(ctx, "recompute", None)
+    if events is not None and recompute is not None and recompute.height:
+        # memory-saving recompute is a memory cost on the path as in the walls
+        path_events = recompute_as_memory(events, recompute)
+    else:
+        path_events, recompute = events, None
+    tr = trace if events is None else Trace(events=path_events, comms=trace.comms,
+                                            flows=trace.flows, ranks=trace.ranks,
+                                            warnings=trace.warnings)
     graph_table, sampled = graph_scope(tr.events, table)
     lo, hi = graph_table["win_start_ns"].min(), graph_table["win_end_ns"].max()
     graph = build_graph(tr, window=(int(lo), int(hi)) if lo is not None else None)
-    out = critical_path_section(tr, graph_table, graph=graph)
+    out = critical_path_section(tr, graph_table, graph=graph, recompute=recompute)
     if out and sampled:
         out["critical_path"]["graph"]["sampled"] = sampled
     if tr.events.get_column("rank").n_unique() > 1:

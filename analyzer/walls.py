@@ -196,6 +196,24 @@ def gpu_layers(events: pl.DataFrame, recompute: pl.DataFrame) -> dict[str, pl.Da
     }
 
 
+def recompute_as_memory(events: pl.DataFrame, recompute: pl.DataFrame) -> pl.DataFrame:
+    """`events` (classified) with the compute GPU ops launched for recompute (`recompute`:
+    `recompute_launches`) on the memory wall, as `attribute_walls` charges them: for the
+    analyses that read the `wall` column alone (the critical path, its gain ceilings)."""
+    rc = recompute.select(pl.col("rank").cast(events.schema["rank"]),
+                          pl.col("correlation").cast(events.schema["correlation"]),
+                          _rc=pl.lit(True))
+    hit = (events.select("rank", "correlation").join(rc, on=["rank", "correlation"], how="left",
+                                                     maintain_order="left")
+           .get_column("_rc").fill_null(False))
+    moved = (hit & events.get_column("kind").is_in(list(GPU_KINDS))
+             & (events.get_column("wall").cast(pl.String) == "compute"))
+    wall = events.get_column("wall")
+    return events.with_columns(
+        pl.when(moved).then(pl.lit("memory")).otherwise(wall.cast(pl.String))
+        .cast(wall.dtype).alias("wall"))
+
+
 def host_layers(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """Per-rank host causes of GPU idleness: blocking sync/copy calls, launch-starved gaps."""
     require(events, ("kind", "rclass", "blocking"), what="classified events")

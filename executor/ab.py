@@ -147,7 +147,7 @@ def ab(runner: Runner, prefix: str, *, base: Launch, cand: Launch, label: str, b
         if j["state"] != "undecided":
             break
     proof = (out.get("audit") or {}).get("verdict", "unavailable")
-    out["proof"] = proof if proof == "confirmed" else f"{proof} (not counted as proof)"
+    out["proof"] = PROOF.get(proof, f"{proof}: not counted as proof that the change ran")
     return {**out, **_verdict(j, policy, unlocks), "measured_gain": j["gain"],
             "noise": j["band"], "pairs": pairs, "judgement": j,
             "candidate_runs": [r.get("key") for r in cand_runs],
@@ -155,6 +155,16 @@ def ab(runner: Runner, prefix: str, *, base: Launch, cand: Launch, label: str, b
                         "log_path": cand_runs[0].get("log_path"),
                         "step_s": statistics.median(_metrics(r)["step_ms"] for r in cand_runs)
                         / 1e3}}
+
+
+# What the audit of the candidate's own trace (executor/validate.py) says of the change, in
+# words: only `confirmed` proves it ran
+PROOF = {
+    "confirmed": "confirmed: the audit saw the change run in the candidate's trace",
+    "unobservable": "unobservable: the candidate's trace cannot show whether the change ran "
+                    "(not counted as proof)",
+    "unavailable": "unavailable: no candidate trace was audited (not counted as proof)",
+}
 
 
 def _verdict(j: Mapping[str, Any], policy: Policy, unlocks: Sequence[str]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -31,6 +32,44 @@ def read_user_text(path: str | Path, *, errors: str = "strict") -> str:
         raise UserError("is a directory, not a file", path=p) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", path=p) from None
+
+
+NEWLINE = b"\n"
+TRUNCATED = "is truncated: its JSON ends before it is complete (an interrupted write or copy?)"
+
+# The compressions a user may hand over by name: magic bytes → (name, the command that undoes it)
+COMPRESSED: dict[bytes, tuple[str, str]] = {
+    b"\xfd7zXZ\x00": ("xz", "xz -d"),
+    b"BZh": ("bzip2", "bunzip2"),
+    b"\x28\xb5\x2f\xfd": ("zstd", "zstd -d"),
+}
+
+
+def compressed_with(head: bytes) -> tuple[str, str] | None:
+    """(compression, the command that undoes it) of a file starting with `head`, or None."""
+    return next((v for magic, v in COMPRESSED.items() if head.startswith(magic)), None)
+
+
+def bad_json(data: bytes | str, path: str | Path) -> UserError:
+    """The one message for a user's file that is not valid JSON, whichever command read it and
+    with whichever parser: empty, truncated, or where (line) and what is wrong."""
+    import msgspec  # the analyzer's JSON parser; its messages tell truncation apart
+
+    raw = data.encode("utf-8", "replace") if isinstance(data, str) else bytes(data)
+    if not raw.strip():
+        return UserError("is empty", path=path)
+    try:
+        msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        msg = str(exc)
+        if "truncated" in msg:
+            return UserError(TRUNCATED, path=path)
+        at = re.search(r"\s*\(byte (\d+)\)", msg)
+        line = f" at line {raw.count(NEWLINE, 0, int(at[1])) + 1}" if at else ""
+        what = msg.replace(at[0], "") if at else msg
+        return UserError(f"is not valid JSON{line}: {what.removeprefix('JSON is malformed: ')}",
+                         path=path)
+    return UserError("is not valid JSON", path=path)
 
 
 class GateFailed(Exception):

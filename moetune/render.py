@@ -2,16 +2,44 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import hashlib
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from moetune.analyzer import device_memory, observed, path_summary, phases, ranks, throughput
+from moetune.vocabulary import RECOMPUTE, RECOMPUTE_MEANING, RECOMPUTE_SHARE
 
 WALL_ORDER = ("compute", "communication", "memory", "host")
+
+# Not a terminal (a pipe, a file, `| cat`): lines are never wrapped nor cut to a width, so a
+# table is as wide as its longest cell and each kernel keeps its full name.
+PIPE_WIDTH = 100_000
+
+
+def make_console(file: TextIO | None = None, *, stderr: bool = False) -> Console:
+    """The console every command renders to: on a terminal, its width (names shortened to fit,
+    never two alike); through a pipe or into a file, no width at all (full names, no wrap)."""
+    stream = file or (sys.stderr if stderr else sys.stdout)
+    tty = bool(getattr(stream, "isatty", lambda: False)())
+    return Console(file=stream, highlight=False, soft_wrap=True,
+                   width=None if tty else PIPE_WIDTH, force_terminal=tty or None,
+                   no_color=not tty or None)
+
+
+def fits(out: Console) -> bool:
+    """Whether `out` has a width to fit (a terminal), rather than PIPE_WIDTH."""
+    return out.width < PIPE_WIDTH
+
+
+def count(x: float) -> str:
+    """A count (per step and rank, so maybe a mean): an integer when it is one (`480`, not
+    `480.0`), else one decimal."""
+    return f"{round(x):,}" if abs(x - round(x)) < 1e-9 else f"{x:,.1f}"
 
 
 def _ms(s: float | None) -> str:
@@ -47,7 +75,7 @@ def diagnosis_header(doc: dict[str, Any]) -> str:
 def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> None:
     """Header, wall table (dominant marked), host-idle split, observed facts; warnings go to
     stderr."""
-    out = console or Console(highlight=False, soft_wrap=True)
+    out = console or make_console()
     out.print(Text(diagnosis_header(doc), style="bold"))
     t = Table(show_edge=False, box=None, pad_edge=False)
     for col, just in (("wall", "left"), ("exposed", "right"), ("hidden", "right"), ("share", "right"), ("", "left")):
@@ -57,10 +85,14 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
         d = detail[w]
         mark = "← dominant" if w == doc["dominant_wall"] else ""
         t.add_row(w, _ms(d["exposed_s"]), _ms(d["hidden_s"]), _pct(doc["walls"][w]), mark)
+        if w == "memory" and d.get("recompute_s"):  # its own line, inside the memory wall
+            step = doc.get("step_time_s") or 0.0
+            t.add_row(f"  of which {RECOMPUTE}", _ms(d["recompute_s"]), "",
+                      _pct(d["recompute_s"] / step) if step else "—", "")
     out.print(t)
     mem = detail["memory"]
     if mem.get("recompute_s"):
-        out.print(f"memory includes recompute {_ms(mem['recompute_s'])} (forward re-run in backward)")
+        out.print(f"{RECOMPUTE}: {RECOMPUTE_MEANING}", markup=False)
     if mem.get("offload_s"):
         pageable = f", {_ms(mem['offload_pageable_s'])} through pageable memory" if mem.get("offload_pageable_s") else ""
         out.print(f"memory includes offload round trips {_ms(mem['offload_s'])} exposed{pageable}")
@@ -77,7 +109,8 @@ def render_diagnosis(doc: dict[str, Any], console: Console | None = None) -> Non
         "observed: "
         f"dispatcher {o['dispatcher_backend']} · graph replay {'yes' if o['cuda_graph_replay'] else 'no'} · "
         f"fp8 gemm {'yes' if o['fp8_gemm'] else 'no'} · grouped gemm {'yes' if o['grouped_gemm'] else 'no'} · "
-        f"recompute {_pct(o['recompute_fraction'])} of compute · offload copies {_pct(o['offload_copy_fraction'])} of step"
+        f"{RECOMPUTE} {_pct(o['recompute_fraction'])} {RECOMPUTE_SHARE} · "
+        f"offload copies {_pct(o['offload_copy_fraction'])} of step"
         + (f" · pageable copies {_pct(o['pageable_copy_fraction'])} of step" if o.get("pageable_copy_fraction") else "")
     )
     for line in (observed.summary_lines(doc) + path_summary.summary_lines(doc)
@@ -95,7 +128,7 @@ def _msf(s: float | None) -> str:
 
 def render_phases(doc: dict[str, Any], console: Console | None = None) -> None:
     """The phase table of the median step (and per layer when there are few), throughput."""
-    out = console or Console(highlight=False, soft_wrap=True)
+    out = console or make_console()
     ph = doc.get("phases") or {}
     rows = ph.get("rows") or []
     if rows:
@@ -114,7 +147,7 @@ def render_phases(doc: dict[str, Any], console: Console | None = None) -> None:
                       r.get("source") or "—")
         out.print(t)
         out.print("waited: GPU idle until the phase's work started (the step waited for it to be "
-                  "issued); f/b/r: % of its step time in forward, backward, recompute; host: "
+                  f"issued); f/b/r: % of its step time in forward, backward, {RECOMPUTE}; host: "
                   "host time issuing it", markup=False)
     layered = ph.get("by_layer") or []
     count = (ph.get("layers") or {}).get("count") or 0
@@ -136,7 +169,7 @@ def render_phases(doc: dict[str, Any], console: Console | None = None) -> None:
 
 
 def render_warnings(warnings: list[str], console: Console | None = None) -> None:
-    err = console or Console(stderr=True, highlight=False, soft_wrap=True)
+    err = console or make_console(stderr=True)
     for w in warnings:
         err.print(f"warning: {w}", markup=False)
 
@@ -154,6 +187,30 @@ def _short_name(name: str | None, limit: int = 72) -> str:
     if len(n) > limit and "<" in n:
         n = _template_label(n)
     return n if len(n) <= limit else n[: limit - 1] + "…"
+
+
+# Through a pipe a name column is this wide whatever the terminal: the same text in every
+# environment (COLUMNS does not change it)
+PIPE_NAME_WIDTH = 96
+
+
+def distinct_names(names: Sequence[str | None], limit: int | None) -> list[str]:
+    """Labels for a table's name column: `_short_name` cut to `limit` (None, through a pipe:
+    PIPE_NAME_WIDTH), and where two different names would read alike, each keeps a stable tag
+    of its full name (`… #3fa2`), so that no two kernels ever look the same (the full names are
+    in --json, --csv and the report)."""
+    limit = PIPE_NAME_WIDTH if limit is None else limit
+    short = [_short_name(n, limit) for n in names]
+    full: dict[str, set[str]] = {}
+    for n, label in zip(names, short, strict=True):
+        full.setdefault(label, set()).add(n or "?")
+    out = []
+    for n, label in zip(names, short, strict=True):
+        if len(full[label]) > 1:
+            tag = hashlib.sha1((n or "?").encode()).hexdigest()[:4]
+            label = f"{_short_name(n, max(limit - 6, 8))} #{tag}"
+        out.append(label)
+    return out
 
 
 def _template_label(n: str) -> str:
@@ -198,23 +255,27 @@ def _top_table(title: str, columns: Iterable[tuple[str, str]]) -> Table:
 def render_top(doc: dict[str, Any], console: Console | None = None) -> None:
     """`diagnose --top N`: top kernels by GPU time, top host ops by self time, copy kinds; times
     per step and rank (the document's totals over `top.rank_steps`)."""
-    out = console or Console(highlight=False, soft_wrap=True)
+    out = console or make_console()
     top = doc.get("top") or {}
     n = max(int(top.get("rank_steps") or 1), 1)
     if top.get("kernels"):
         t = _top_table("top GPU kernels (per step and rank)",
                        (("kernel", "left"), ("class", "left"), ("count", "right"),
                         ("total", "right"), ("share", "right")))
-        for r in top["kernels"]:
-            t.add_row(Text(_short_name(r["name"], max(28, out.width - 52))), Text(r["kclass"] or "—"),
-                      f"{r['count'] / n:,.1f}", f"{r['time_s'] / n * 1e3:,.3f} ms", _pct(r["share"]))
+        labels = distinct_names([r["name"] for r in top["kernels"]],
+                                max(28, out.width - 52) if fits(out) else None)
+        for r, label in zip(top["kernels"], labels, strict=True):
+            t.add_row(Text(label), Text(r["kclass"] or "—"), count(r["count"] / n),
+                      f"{r['time_s'] / n * 1e3:,.3f} ms", _pct(r["share"]))
         out.print(t)
     if top.get("ops"):
         t = _top_table("top host ops by self time (per step and rank)",
                        (("op", "left"), ("count", "right"), ("self", "right"),
                         ("total", "right"), ("share", "right")))
-        for r in top["ops"]:
-            t.add_row(Text(_short_name(r["name"], max(40, out.width - 40))), f"{r['count'] / n:,.1f}",
+        labels = distinct_names([r["name"] for r in top["ops"]],
+                                max(40, out.width - 40) if fits(out) else None)
+        for r, label in zip(top["ops"], labels, strict=True):
+            t.add_row(Text(label), count(r["count"] / n),
                       f"{r['self_s'] / n * 1e3:,.3f} ms", f"{r['total_s'] / n * 1e3:,.3f} ms",
                       _pct(r["share"]))
         out.print(t)
@@ -228,7 +289,7 @@ def render_top(doc: dict[str, Any], console: Console | None = None) -> None:
                        (("copy", "left"), ("memory", "left"), ("count", "right"),
                         ("bytes", "right"), ("time", "right")))
         for k, m, c in rows:
-            t.add_row(k, m, f"{c['count'] / n:,.1f}", _bytes(c["bytes"] / n),
+            t.add_row(k, m, count(c["count"] / n), _bytes(c["bytes"] / n),
                       f"{c['time_s'] / n * 1e3:,.3f} ms")
         out.print(t)
 
@@ -252,7 +313,7 @@ def render_diff(doc: dict[str, Any], console: Console | None = None) -> None:
     backend changes, memory."""
     from moetune.compare import config_lines
 
-    out = console or Console(highlight=False, soft_wrap=True)
+    out = console or make_console()
     st = doc["step_time"]
     a, b = st["a"], st["b"]
     out.print(Text(f"moetune diff  A: {doc['a']['label']}  B: {doc['b']['label']}", style="bold"))
@@ -301,8 +362,10 @@ def render_diff(doc: dict[str, Any], console: Console | None = None) -> None:
         for col, just in ((key if key == "kclass" else "name", "left"), ("", "left"),
                           ("A", "right"), ("B", "right"), ("Δ", "right")):
             t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
-        for r in rows:
-            t.add_row(Text(_short_name(r[key], max(34, out.width - 46))), r["status"],
+        labels = distinct_names([r[key] for r in rows],
+                                max(34, out.width - 46) if fits(out) else None)
+        for r, label in zip(rows, labels, strict=True):
+            t.add_row(Text(label), r["status"],
                       f"{r['a_s'] * 1e3:,.3f} ms",
                       f"{r['b_s'] * 1e3:,.3f} ms", f"{r['delta_s'] * 1e3:+,.3f} ms")
         out.print(t)
@@ -329,7 +392,7 @@ def render_diff(doc: dict[str, Any], console: Console | None = None) -> None:
 def render_phase_diff(doc: dict[str, Any], console: Console | None = None) -> None:
     """`moetune diff`'s phase table (step time per phase, A → B, largest change first) and the
     throughput change."""
-    out = console or Console(highlight=False, soft_wrap=True)
+    out = console or make_console()
     ph = doc.get("phases") or {}
     if ph.get("rows"):
         t = Table(title="phases of the median step by |Δ|", title_justify="left",

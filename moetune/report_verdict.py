@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from moetune.report_format import esc, ms, pct, steps_text
-
-PACED_BY = {"host": "the host", "device": "the GPU"}  # critical_path.paced_by, in words
+from moetune.vocabulary import PACED_BY_WHO as PACED_BY  # critical_path.paced_by, in words
 
 
 def verdict_line(d: Mapping[str, Any] | None, advice: Mapping[str, Any] | None,

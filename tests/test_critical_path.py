@@ -252,13 +252,14 @@ def _paced_trace(tmp: Path, *, cpu_us: int, gpu_us: int, n: int = 40) -> Path:
 
 
 def test_host_paced_path_beside_a_busy_gpu_recovers_only_the_gpu_idle(tmp_path: Path) -> None:
-    """The CPU launches a 1000 µs kernel every 1010 µs: the CPU's chain sets the step length (the
-    path is host-paced), but the GPU is busy 99 % of the step, so a faster host can save only
-    the GPU's idle 10 µs per kernel (+1 %), never ">10×"."""
+    """The CPU launches a 1000 µs kernel every 1010 µs: the CPU's chain is the path, but the GPU
+    is busy 99 % of the step, so the step is GPU-paced (moetune/vocabulary.py `paced_by`: the
+    host paces only where the GPU sat idle for it) and a faster host can save only the GPU's idle
+    10 µs per kernel (+1 %), never ">10×"."""
     sec = critical_path_section(load_trace([_paced_trace(tmp_path, cpu_us=1005, gpu_us=1000)]))
     cp = sec["critical_path"]
     t = cp["length_s"]
-    assert cp["paced_by"] == "host"
+    assert cp["paced_by"] == "device"
     assert cp["path_s"]["host"] > 0.9 * t
     assert cp["host_gpu_busy_s"] == pytest.approx(0.039)  # 39 kernels ran beside the host
     # at zero host time the 40 kernels run back to back: 40.00 of 40.39 ms remain
@@ -267,8 +268,12 @@ def test_host_paced_path_beside_a_busy_gpu_recovers_only_the_gpu_idle(tmp_path: 
     # and without compute, only the last kernel after the host's last launch goes
     assert cp["recoverable_s"]["compute"] == pytest.approx(0.001)
     lines = summary_lines({**sec, "dominant_wall": "compute"})
-    assert "host-paced" in lines[0] and "host +1 % (0.39 ms)" in lines[1]
-    assert lines[2].startswith("  host-paced: the CPU issues work slower than the GPU runs it")
+    assert "GPU-paced" in lines[0] and "(39.00 ms of it beside running GPU work)" in lines[0]
+    assert "host +1 % (0.39 ms)" in lines[1]
+    assert len(lines) == 2  # GPU-paced beside a compute wall: nothing to reconcile
+    # the same path beside a host wall (as a host-bound step's walls read) says what each means
+    lines = summary_lines({**sec, "dominant_wall": "host"})
+    assert lines[2].startswith("  GPU-paced: the GPU's own work and dependencies set")
     assert "the rules read them" in lines[3] and "what-if estimates replay its graph" in lines[3]
 
 
@@ -291,7 +296,7 @@ def test_corpus_healthy_nsys_is_not_host_ceiling_bound(corpus: Path) -> None:
     if not path.exists():
         pytest.skip("corpus file absent")
     cp = critical_path_section(load_trace([path]))["critical_path"]
-    assert cp["paced_by"] == "host"
+    assert cp["paced_by"] == "device"  # the path runs through the host, beside a busy GPU
     assert cp["host_gpu_busy_s"] == pytest.approx(0.399, abs=2e-3)
     assert cp["gain_ceiling"]["host"] < 0.02  # was +10,000 %: T/(T − path host) − 1
 

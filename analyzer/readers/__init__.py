@@ -14,14 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from moetune.analyzer.frames import Trace, concat_traces
+from moetune.analyzer.readers.compressed import READ_COMPRESSED, decompress
 from moetune.analyzer.readers.cores import cpu_count
 from moetune.analyzer.readers.kineto import read_kineto, trim_heap
 from moetune.analyzer.readers.nsys import read_nsys
 from moetune.analyzer.run_identity import one_run
 
-from moetune.errors import UserError
+from moetune.errors import UserError, compressed_with
 
-KINETO_SUFFIXES = (".json", ".json.gz")
+KINETO_SUFFIXES = (".json", ".json.gz", ".json.xz", ".json.bz2")
 NSYS_SUFFIXES = (".sqlite", ".sqlite3", ".db", ".nsys-rep", ".qdrep")
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -48,6 +49,14 @@ def sniff(path: Path) -> str:
         return "kineto"
     if not head:
         raise UserError("is empty", path=path)
+    packed = compressed_with(head)
+    # xz and bzip2 Kineto JSON is read as gzip is (the standard library has both); an nsys
+    # export and zstd (no reader in this Python) are for the user to decompress first
+    if packed and packed[0] in READ_COMPRESSED and ".sqlite" not in name and ".db" not in name:
+        return "kineto"
+    if packed:
+        raise UserError(f"is compressed with {packed[0]}: decompress it first "
+                        f"({packed[1]} {path.name})", path=path)
     raise UserError(
         "is not a trace moetune can read (expected Kineto .json/.json.gz or an nsys .sqlite export)",
         path=path,
@@ -113,9 +122,10 @@ def open_bytes(path: Path) -> bytes:
         if is_gzip(path):
             with gzip.open(path, "rb") as fh:
                 return fh.read()
-        return path.read_bytes()
+        data = path.read_bytes()
     except (OSError, EOFError, zlib.error) as exc:
         raise UserError(f"corrupt or truncated gzip ({exc})", path=path) from None
+    return decompress(data, path)
 
 
 def load_trace(paths: Sequence[str | Path], *, allow_mixed_runs: bool = False) -> Trace:
@@ -164,3 +174,4 @@ def _read_side_by_side(files: list[Path], ranks: list[int], workers: int, thread
         finally:
             for fut in futures.values():
                 fut.cancel()
+

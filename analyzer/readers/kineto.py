@@ -54,9 +54,10 @@ from moetune.analyzer.frames import (
     conform,
     copy_mem_of_name,
 )
+from moetune.analyzer.readers.compressed import decompress
 from moetune.analyzer.readers.cores import cpu_count
 
-from moetune.errors import UserError
+from moetune.errors import UserError, bad_json, compressed_with
 
 # A JSON scalar as some writer may spell a number (old writers quote numbers; ROCm writes "0x0").
 Num = int | float | str | None
@@ -315,8 +316,9 @@ def read_kineto(path: Path, *, default_rank: int, threads: int | None = None) ->
     del timed, gpu, side  # before the comms and ranks frames are built: lower peak memory
     comms = _comms(meta, events, rank)
     ranks = _ranks(dist, devices, events, rank, path, declared=declared)
-    return Trace(events=events, comms=comms, flows=flows, ranks=ranks, warnings=tuple(warnings),
-                 memory=_memory(mem, rank))
+    # each warning names its file: among several ranks' files, which one was damaged
+    return Trace(events=events, comms=comms, flows=flows, ranks=ranks,
+                 warnings=tuple(f"{path.name}: {w}" for w in warnings), memory=_memory(mem, rank))
 
 
 # --------------------------------------------------------------------------- reading and decoding
@@ -334,6 +336,11 @@ def _open(path: Path) -> bytes | mmap.mmap:
                     raise UserError(f"corrupt or truncated gzip ({exc})", path=path) from None
             if os.fstat(fh.fileno()).st_size == 0:
                 raise UserError("is empty", path=path)
+            fh.seek(0)
+            head = fh.read(8)
+            if compressed_with(head):  # xz, bzip2: read whole, as gzip is
+                fh.seek(0)
+                return decompress(fh.read(), path)
             # No `with`: the raw event slices are views of the map, which lives as long as
             # they do (and no 1× copy of the file is made). ACCESS_COPY is a private map:
             # `_decode_chunk` writes brackets into it, the file itself is never written.
@@ -375,27 +382,26 @@ def _decode(data: bytes | mmap.mmap, path: Path) -> tuple[_Doc, list[str]]:
             warnings.append(f"{n_nan} NaN/Infinity value(s) read as unknown")
             try:
                 doc, more = _decode(fixed, path)
-            except UserError as exc2:
-                raise UserError(f"is not valid JSON ({exc2.message.split('(', 1)[-1]}",
-                                path=path) from None
+            except UserError:
+                raise bad_json(fixed, path) from None
             return doc, warnings + more
         if "UTF-8" not in str(exc):
-            raise UserError(f"is not valid JSON ({exc})", path=path) from None
+            raise bad_json(data, path) from None
         data = bytes(data).decode("utf-8", errors="replace").encode("utf-8")
         warnings.append("invalid UTF-8 replaced by U+FFFD")
         try:
             return _DOC_DECODER.decode(data), warnings
         except msgspec.ValidationError:
             pass
-        except msgspec.DecodeError as exc2:
-            raise UserError(f"is not valid JSON ({exc2})", path=path) from None
+        except msgspec.DecodeError:
+            raise bad_json(data, path) from None
     try:
         obj = msgspec.json.decode(data)
         if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
             raise UserError("not a Kineto trace (no traceEvents list)", path=path)
         doc = _sanitize(obj)
-    except msgspec.DecodeError as exc:  # pragma: no cover - typed decode accepted the syntax
-        raise UserError(f"is not valid JSON ({exc})", path=path) from None
+    except msgspec.DecodeError:  # pragma: no cover - typed decode accepted the syntax
+        raise bad_json(data, path) from None
     except RecursionError:  # a trace's events are flat: this is not one (and must not crash)
         raise UserError("is not a Kineto trace (JSON nested too deeply)", path=path) from None
     warnings.append("fields with unexpected types ignored (lenient decode)")

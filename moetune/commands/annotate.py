@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import msgspec
 
-from moetune.errors import UserError
+from moetune.errors import UserError, bad_json
 from moetune.redact import redact_metadata, redact_text
 
 
@@ -66,8 +66,8 @@ class _Kineto:
             top = msgspec.json.decode(open_bytes(path), type=dict[str, msgspec.Raw])
             self.events = msgspec.json.decode(top.pop("traceEvents", b"[]"), type=list[msgspec.Raw])
             self.meta = {k: msgspec.json.decode(v) for k, v in top.items()}
-        except msgspec.DecodeError as exc:
-            raise UserError(f"not valid trace JSON ({exc})", path=path) from None
+        except msgspec.DecodeError:
+            raise bad_json(open_bytes(path), path) from None
         base = self.meta.get("baseTimeNanoseconds")
         self.base_ns = int(base) if isinstance(base, int | float) else 0
 

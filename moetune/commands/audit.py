@@ -60,7 +60,8 @@ def render(doc: dict[str, Any]) -> str:
     order = {"contradicted": 0, "unobservable": 1, "confirmed": 2}
     items = sorted(doc["verdicts"].items(), key=lambda kv: (order[kv[1]["verdict"]], kv[0]))
     for _arg, v in items:
-        lines.append(f"{MARK[v['verdict']]}  {describe_claim(v['claimed'])}  — {v['title']}")
+        said = ", as claimed" if v["verdict"] == "confirmed" else ""
+        lines.append(f"{MARK[v['verdict']]}  {describe_claim(v['claimed'])}  — {v['title']}{said}")
         lines.append(f"    {v['reason']}")
         ev = " · ".join(f"{k.split('.', 1)[-1]} {_num(val)}" for k, val in v["evidence"].items())
         if ev:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from moetune.commands import reference_args
-from moetune.errors import UserError, read_user_text
+from moetune.errors import UserError, bad_json, read_user_text
+from moetune.vocabulary import key_lines
 
 DIAGNOSIS_SCHEMA_ID = "moetune.diagnosis/1"
 _MAX_DOC_BYTES = 64 << 20  # a diagnosis document is small; bigger .json files are traces
@@ -49,10 +50,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def read_json(path: Path) -> Any:
+    text = read_user_text(path)
     try:
-        return json.loads(read_user_text(path))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"invalid JSON at line {exc.lineno}: {exc.msg}", path=path) from None
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise bad_json(text, path) from None
     except RecursionError:  # the parser recurses per level; no moetune document is that deep
         raise UserError("invalid JSON: nested too deeply", path=path) from None
 
@@ -213,13 +215,13 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
         lines.append(m)
     for r in recs:
         g = r["gain"]
-        flags = " ".join(r["megatron_flags"]) or "(defaults)"
         lines += [
             "",
             f"#{r['rank']} {r['rule']} [{r['status']}] {r['title']}",
             f" --> {_evidence_line(r['evidence'])}",
-            f"help: {flags}",
         ]
+        if r["megatron_flags"] or not r["remove_flags"]:
+            lines.append(f"help: {' '.join(r['megatron_flags']) or 'no flag to add'}")
         if r["remove_flags"]:
             lines.append(f"help: remove {' '.join(r['remove_flags'])}")
         if r["bridge_overrides"]:
@@ -284,4 +286,5 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
         + ("" if "quiet" in doc else " (--show-quiet lists them)")
         + " · explain: moetune rules show ID",
     ]
-    return "\n".join(lines) + "\n"
+    key = key_lines("\n".join(lines))  # the shorthand used above, each term once
+    return "\n".join(lines + (["", *key] if key else [])) + "\n"
