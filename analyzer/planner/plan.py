@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from moetune.analyzer.log_hardware import FILL, fill_hint
 from moetune.analyzer.planner.config import PlannerConfig, builtin
 from moetune.analyzer.planner.layouts import (
     CONSTRAINTS,
@@ -143,9 +144,10 @@ def request_from_contract(doc: Mapping[str, Any], *, gpus: int | None = None,
         missing.append("shape.seq_length")
     per_node = hw.get("gpus_per_node")
     if gpus is None and (hw.get("nodes") is None or per_node is None):
-        missing.append("hardware.nodes and hardware.gpus_per_node (or --gpus)")
+        missing.append("hardware.gpus_per_node")
     if missing:
-        raise UserError(f"contract lacks {', '.join(missing)} (needed by fit)", path=source)
+        raise UserError("contract lacks " + "; ".join(
+            fill_hint(k) if k in FILL else f"{k} (needed by fit)" for k in missing), path=source)
     per_node = int(per_node or 8)
     world = int(gpus) if gpus is not None else int(hw["nodes"]) * per_node
     work = workload_from_contract(doc, cfg, source=source)  # shapes + the attention that runs
