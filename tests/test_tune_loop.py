@@ -326,3 +326,22 @@ def test_what_an_accepted_enabler_unlocked_is_tried_inside_the_noise_band(tmp_pa
     assert "micro_batch_size=16" in by, res["stopped"]  # tried, whatever its verdict
     assert by["micro_batch_size=16"]["source"] == "test.unlocked"
     assert seen[:2] == [1, 4]
+
+
+def test_run_speaks_as_run_and_tune_without_a_profile_says_what_to_add(tmp_path: Path) -> None:
+    """`moetune run`'s progress lines name `run`, not `tune`; `tune --no-profile` with no --try
+    has nothing to judge and says how to give it something."""
+    pytest.importorskip("torch")
+    where = ["--ledger", str(tmp_path / "l.db"), "--workdir", str(tmp_path / "runs")]
+    r = moetune("run", "--change", "micro_batch_size=16", "--cmd", WORKLOAD, "--no-profile",
+                "--max-pairs", "1", *FAST, *where)
+    assert r.returncode == 0, r.stderr[-3000:]
+    progress = [ln for ln in r.stderr.splitlines() if ln.startswith("moetune ")]
+    assert progress and all(ln.startswith("moetune run: ") for ln in progress), progress
+    r = moetune("tune", "--cmd", WORKLOAD, "--no-profile", *FAST, *where)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "0 runs executed" in r.stdout
+    stopped = next(ln for ln in r.stdout.splitlines() if ln.startswith("stopped: "))
+    assert stopped.endswith("only --try candidates are judged; add --try KNOB=VALUE (e.g. --try "
+                            "moe_grouped_gemm=true; `moetune rules list` shows the knobs)")
+    assert all(ln.startswith("moetune tune: ") for ln in r.stderr.splitlines())
