@@ -40,7 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     check.add_argument(
         "--strict", action="store_true", help="demand the complete set of sections and fields"
     )
-    check.add_argument("--json", action="store_true", help="print the problems as JSON")
+    check.add_argument("--json", action="store_true",
+                       help="print the problems (schemas/contract_check.schema.json)")
     from_log = sub.add_parser(
         "from-log", help="contract YAML from a Megatron-LM log",
         description="Read a contract from a Megatron-LM log: its argument dump (or argument lines "
@@ -52,7 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     from_log.add_argument("-o", "--output", help="write the contract here instead of stdout")
     from_log.add_argument("--json", action="store_true",
                           help="print the contract, each argument's source and the log's "
-                          "evidence (theoretical memory) as JSON")
+                          "evidence (theoretical memory), what it set aside and what to add "
+                          "(schemas/contract_from_log.schema.json)")
     return p
 
 
