@@ -61,7 +61,7 @@ def mcore_docs() -> dict[str, dict]:
 
 def test_shipped_phases_validate_and_name_real_kernel_classes() -> None:
     doc = yaml.safe_load(PHASES_PATH.read_text())
-    validate_phases(doc, PHASES_PATH)  # the shipped file is not validated at load (speed)
+    validate_phases(doc, PHASES_PATH)  # as every load does (load_phases, below)
     known = set(load_classes().kclasses)
     named = {k for s in doc["signatures"] for k in (s.get("kernels") or {}).get("kclass", [])}
     assert named <= known, f"kernel classes not in kernel_classes.yaml: {sorted(named - known)}"
@@ -206,6 +206,9 @@ def test_nsys_export_without_nvtx_reads_the_layer_by_its_kernels(tmp_path: Path)
     assert {"dispatch", "combine"} <= set(doc["phases"]["not_found"])
     assert doc["phases"]["layers"]["count"] == 4
     assert {r["source"] for r in doc["phases"]["rows"]} <= {"kernel", "sequence", "gap", None}
+    # the optimizer's kernels (compute.optimizer) are the optimizer's, not the last expert GEMMs'
+    opt = next(r for r in doc["phases"]["rows"] if r["phase"] == "optimizer")
+    assert opt["source"] == "kernel" and opt["kernels"] > 0 and opt["step_s"] > 0.003
 
 
 @pytest.mark.corpus
