@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moetune.analyzer.contract import SCHEMA_ID, arg_mirrors, benchmark_only_reasons, check_contract
+from moetune.analyzer.log_hardware import FILL, hardware_from_log
 from moetune.analyzer.megatron_flags import command_line_args, echoed_args
 from moetune.analyzer.megatron_text import parse_value, strip_prefix
 
@@ -261,6 +262,8 @@ class LogContract:
     conflicts: list[dict[str, Any]] = field(default_factory=list)  # weaker sources overruled
     unread_flags: tuple[str, ...] = ()   # command-line flags next to an unexpanded variable
     complete: bool = False               # a whole dump or command line: absent = default
+    set_aside: dict[str, Any] = field(default_factory=dict)  # printed, but no Megatron argument
+    missing: tuple[str, ...] = ()        # keys of log_hardware.FILL the log does not state
 
 
 def read_log(text: str, *, observed: Mapping[str, Any] | None = None,
@@ -299,11 +302,37 @@ def read_log(text: str, *, observed: Mapping[str, Any] | None = None,
     if m := _GROUPED_BACKEND.search(text):
         versions["grouped_gemm"] = m.group(1) or m.group(2)
     if versions:
-        margs = doc.pop("megatron_args")
         doc["versions"] = versions
-        doc["megatron_args"] = margs
+    if hardware := hardware_from_log(text):
+        doc["hardware"] = hardware
+    aside = _set_aside(doc)
+    order = ["schema", "label", "hardware", "versions"]
+    doc = {**{k: doc[k] for k in order if k in doc}, **{k: v for k, v in doc.items()
+                                                        if k not in order and k != "megatron_args"},
+           "megatron_args": doc["megatron_args"]}
+    missing = tuple(k for k in FILL if _get(doc, k) is None)
     return LogContract(doc, dict(sorted(sources.items())), conflicts,
-                       cmd.unread if cmd else (), complete)
+                       cmd.unread if cmd else (), complete, aside, missing)
+
+
+def _get(doc: Mapping[str, Any], dotted: str) -> Any:
+    section, key = dotted.split(".")
+    return (doc.get(section) or {}).get(key)
+
+
+def _set_aside(doc: dict[str, Any]) -> dict[str, Any]:
+    """Take out of `megatron_args` what `contract check` would warn about, so that a from-log
+    contract checks clean: a flag spelling printed beside the argument it sets (the bundled
+    workload prints `fp8_format`; normalising already gave `fp8` its value) and names Megatron-LM
+    does not know (a launch script's own settings, a fork's or an older release's arguments).
+    Returns them: the provenance names them, nothing is lost silently."""
+    margs = doc["megatron_args"]
+    aside = {}
+    for p in check_contract(doc):
+        key = p.path.removeprefix("megatron_args.")
+        if p.severity == "warning" and key != p.path and key in margs:
+            aside[key] = margs.pop(key)
+    return dict(sorted(aside.items()))
 
 
 def _differs(a: Any, b: Any) -> bool:

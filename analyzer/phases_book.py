@@ -203,26 +203,36 @@ def range_labels(names: list[str], book: PhaseBook) -> dict[str, tuple[int, int,
     return out
 
 
+def _kernel_tests(book: PhaseBook) -> list[tuple[int, Signature, Callable[[tuple], bool]]]:
+    """(index, signature, does it fit a GPU key (kclass, name, pg_role)) of the kernel signatures."""
+    out = []
+    for i, s in enumerate(book.signatures):
+        k = s.kernels
+        if not k:
+            continue
+        classes, fits = frozenset(k.get("kclass") or ()), matcher(k.get("match"))
+        roles = frozenset(k.get("pg_roles") or ())
+
+        def test(key: tuple, classes: frozenset = classes, fits: Callable = fits,
+                 roles: frozenset = roles) -> bool:
+            kclass, name, role = key
+            if roles and role is not None and role not in roles:
+                return False  # a collective of a known group this signature does not name
+            return (kclass in classes) or (role is not None and role in roles) or fits(name or "")
+        out.append((i, s, test))
+    return out
+
+
 def kernel_labels(keys: list[tuple[str | None, str | None, str | None]], book: PhaseBook
                   ) -> dict[tuple, tuple[int, int, bool]]:
     """Distinct GPU keys (kclass, name, pg_role) → (def_sig, amb_sig, boundary)."""
-    sigs = book.signatures
-    tests = []
-    for i, s in enumerate(sigs):
-        k = s.kernels
-        if k:
-            tests.append((i, s, frozenset(k.get("kclass") or ()), matcher(k.get("match")),
-                          frozenset(k.get("pg_roles") or ())))
+    tests = _kernel_tests(book)
     out = {}
     for key in keys:
-        kclass, name, role = key
         d = a = NONE
         bnd = False
-        for i, s, classes, fits, roles in tests:
-            if roles and role is not None and role not in roles:
-                continue  # a collective of a known group this signature does not name
-            if not ((kclass in classes) or (role is not None and role in roles)
-                    or fits(name or "")):
+        for i, s, fits in tests:
+            if not fits(key):
                 continue
             if s.definite and d == NONE:
                 d = i
@@ -231,3 +241,56 @@ def kernel_labels(keys: list[tuple[str | None, str | None, str | None]], book: P
             bnd = bnd or s.boundary
         out[key] = (d, a, bnd)
     return out
+
+
+# ----------------------------------------------------------------------------- who claimed it
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseClaim:
+    """Which signatures of a phases YAML label one host-range name or one GPU key, by the rule
+    `range_labels` / `kernel_labels` apply (the first definite and the first ambiguous that fit)."""
+
+    fits: tuple[int, ...]       # every signature that fits, in file order
+    definite: int | None
+    ambiguous: int | None
+
+    @property
+    def claimant(self) -> int | None:
+        """The signature whose label the work takes (its own definite one before an ambiguous
+        one); for a name only boundaries fit, the first of them."""
+        for i in (self.definite, self.ambiguous):
+            if i is not None:
+                return i
+        return self.fits[0] if self.fits else None
+
+    @property
+    def hidden(self) -> tuple[int, ...]:
+        """Signatures that fit too but whose label the work never takes."""
+        return tuple(i for i in self.fits if i not in (self.definite, self.ambiguous))
+
+
+def _claim(fits: list[int], book: PhaseBook) -> PhaseClaim:
+    sigs = book.signatures
+    return PhaseClaim(tuple(fits), next((i for i in fits if sigs[i].definite), None),
+                      next((i for i in fits if sigs[i].ambiguous), None))
+
+
+def claim_range(name: str, book: PhaseBook) -> PhaseClaim:
+    """The signatures that label a host range named `name` (NVTX range, scope, op, frame)."""
+    return _claim([i for i, s in enumerate(book.signatures)
+                   if s.ranges and matcher(s.ranges)(name)], book)
+
+
+def claim_kernel(kclass: str | None, name: str | None, role: str | None, book: PhaseBook
+                 ) -> PhaseClaim:
+    """The signatures that label GPU work of this kernel class, name and process-group role."""
+    return _claim([i for i, _, fits in _kernel_tests(book) if fits((kclass, name, role))], book)
+
+
+def signature_lines(path: str | Path | None = None) -> dict[int, int]:
+    """Signature index → its line in the phases YAML (for saying which entry claimed a name)."""
+    from moetune.yamlio import read_yaml
+
+    _, lines = read_yaml(Path(path) if path else PHASES_PATH)
+    return {at[1]: ln for at, ln in lines.items() if len(at) == 2 and at[0] == "signatures"}

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from moetune.executor.ab import ab, pairs_needed, run_noise
 from moetune.executor.candidate import Change, Launch, apply, parse_change
 from moetune.executor.ledger import Ledger
-from moetune.executor.runner import BudgetSpent, Runner, RunShape, log, run_time_s
+from moetune.executor.runner import BudgetSpent, Runner, RunShape, log, run_time_s, speaking_as
 from moetune.executor.trainer import can_profile, dialect_of
 from moetune.executor.validate import Policy
 
@@ -209,7 +209,8 @@ def tune(argv: Sequence[str], *, env: Mapping[str, str] | None = None, contract:
                     stopped = "no candidate left to try" + (
                         "" if profiling or opts.tries else
                         ": without a profile (--no-profile, or a command moetune cannot profile) "
-                        "only --try candidates are judged")
+                        "only --try candidates are judged; add --try KNOB=VALUE (e.g. --try "
+                        "moe_grouped_gemm=true; `moetune rules list` shows the knobs)")
                     log(stopped)
                     break
                 progressed = False
@@ -433,7 +434,7 @@ def run_one(argv: Sequence[str], change_texts: Sequence[str], *, env: Mapping[st
     changes = [parse_change(t) for t in change_texts]
     o = replace(opts, tries=tuple(change_texts), use_rules=False)
     sid = session_id(argv, base.env, contract, o, kind="run")
-    with Ledger.open(opts.ledger) as led:
+    with speaking_as("run"), Ledger.open(opts.ledger) as led:
         runner = _runner(led, sid, o, base)
         cand = apply_all(base, changes, runner)
         if cand == base:

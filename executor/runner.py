@@ -21,7 +21,9 @@ the latest ones.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,8 +66,21 @@ class BudgetSpent(Exception):
     """The next run would take the session past `max_run_time_s`."""
 
 
+_COMMAND: ContextVar[str] = ContextVar("command", default="tune")
+
+
+@contextmanager
+def speaking_as(command: str) -> Iterator[None]:
+    """Progress lines name the command the user ran (`moetune run:`, `moetune tune:`)."""
+    token = _COMMAND.set(command)
+    try:
+        yield
+    finally:
+        _COMMAND.reset(token)
+
+
 def log(msg: str) -> None:
-    print(f"moetune tune: {msg}", file=sys.stderr, flush=True)
+    print(f"moetune {_COMMAND.get()}: {msg}", file=sys.stderr, flush=True)
 
 
 class Runner:

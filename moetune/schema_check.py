@@ -1,6 +1,6 @@
 """Validate a catalog against its JSON Schema at load time, without importing jsonschema.
 
-The analyzer's catalogs (analyzer/kernel_classes.yaml, analyzer/whatif.yaml) are read by every
+The analyzer's catalogs (analyzer/kernel_classes.yaml, whatif.yaml, phases.yaml) are read by every
 diagnosis; importing jsonschema alone costs 0.1–0.17 s, a sixth of a small trace's whole
 diagnosis. This module checks the subset of JSON Schema (draft 2020-12) those schemas use, in well
 under a millisecond, so every load is validated, the shipped files included. A schema that uses a

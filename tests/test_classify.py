@@ -225,3 +225,37 @@ def test_classify_command_names_the_entry(tmp_path) -> None:
                    "    match: {regex: ['(']}\nruntime:\n  - rclass: other\n    match: {regex: ['.*']}\n")
     code, out, err = run_cli(["classify", "--classes", str(bad), "x"])
     assert code == 2 and out == "" and err.startswith(f"moetune: {bad}: cannot match") and err.count("\n") == 1
+
+
+def test_classify_names_the_phase_signature_that_labels_a_range_or_a_kernel() -> None:
+    """First fit wins in phases.yaml too: `classify` names the signature (and its line) whose
+    label the work takes, and the later ones that also fit but never label it."""
+    import json
+
+    import jsonschema
+    from moetune.analyzer.phases_book import load_phases, signature_lines
+
+    from tests.golden import ROOT, run_cli
+
+    book, lines = load_phases(), signature_lines()
+    code, out, _ = run_cli(["classify", "--kind", "range", "--json", "aten::_softmax",
+                            "RouterGatingLinearFunction", "no_such_range"])
+    assert code == 0
+    doc = json.loads(out)
+    jsonschema.validate(doc, json.loads((ROOT / "schemas/classify.schema.json").read_text()))
+    soft, gate, none = (n["phase"] for n in doc["names"])
+    assert soft["label"] == "ambiguous" and soft["phases"] == ["attention", "router"]
+    assert book.signatures[soft["signature"] - 1].phases == ("attention", "router")
+    assert soft["line"] == lines[soft["signature"] - 1]
+    assert gate["label"] == "definite" and gate["phases"] == ["router"]
+    assert none == {"label": None, "signature": None, "line": None, "phases": [], "hidden": []}
+    assert all(n["class"] is None and n["section"] is None for n in doc["names"])
+    # a kernel: its class, then the phase its own kernel signature gives it
+    name = "void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>"
+    code, out, _ = run_cli(["classify", name])
+    assert code == 0
+    sig = next(i for i, s in enumerate(book.signatures) if s.kernels and
+               "gatherTopK" in (s.kernels.get("match") or {}).get("contains", []))
+    assert f"  phase: router, by signature {sig + 1} of phases.yaml (line {lines[sig]})" in out
+    code, out, _ = run_cli(["classify", "--kind", "range", "aten::layer_norm"])
+    assert out.splitlines()[1].startswith("  phase: none; starts a block of the layer pass")

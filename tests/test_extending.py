@@ -1,10 +1,10 @@
-"""docs/extending.md, executed: for each extension point the page walks (kernel class, rule,
-what-if transform, launcher, and any point added later with a `<!-- point: NAME -->` section),
-its worked example is applied — exactly the page's blocks, into exactly the files they name — to
-a temporary copy of the repository; the section's `regenerate` commands (but the golden rewrite,
-a minute of full analyses) and `run` commands must succeed there, and the files that changed
-must be exactly those the section's table lists. A step the page leaves out (a schema enum, a
-CLI list, a doc) fails the run; a file it forgets to list fails the comparison.
+"""docs/extending.md, executed: for each extension point the page walks (kernel class, rule, what-if
+transform, launcher, phase signature, and any point added later with a `<!-- point: NAME -->`
+section), its worked example is applied — exactly the page's blocks, into exactly the files they
+name — to a temporary copy of the repository; the section's `regenerate` commands (but the golden
+rewrite, a minute of full analyses) and `run` commands must succeed there, and the files that
+changed must be exactly those the section's table lists. A step the page leaves out (a schema enum,
+a CLI list, a doc) fails the run; a file it forgets to list fails the comparison.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ POINTS = points()
 
 
 def test_the_page_walks_every_extension_point_completely() -> None:
-    assert {"kernel-class", "rule", "whatif-transform", "launcher"} <= set(POINTS)
+    assert {"kernel-class", "rule", "whatif-transform", "launcher", "phase-signature"} <= set(POINTS)
     for p in POINTS.values():
         assert p.edits and p.run, f"{p.name}: a worked example and the commands proving it"
         rows = p.listed - p.generated

@@ -8,7 +8,10 @@ derived from it or checked against it here (docs/extending.md walks adding to ea
 - kernel classes: analyzer/kernel_classes.yaml ← tests/test_classify.py's examples (every entry
   the first fit of one: test_every_entry_claims_an_example);
 - rules: rules/catalog/ ← their fixtures (tests/test_rules_check.py), docs/rules.md
-  (tests/test_rules_catalog.py).
+  (tests/test_rules_catalog.py);
+- phase signatures: analyzer/phases.yaml ← the kernel classes and process-group roles its
+  signatures name (analyzer/kernel_classes.yaml), the knobs its targets name (rules/knobs.yaml),
+  the vocabulary docs/phases.md describes; validated at every load (tests/test_schema_check.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import json
 from pathlib import Path
 
 from moetune.analyzer import whatif
+from moetune.analyzer.classify import load_classes
+from moetune.analyzer.phases_book import load_phases
 from moetune.executor import launchers
 
 from moetune.cli import build_parser
@@ -60,3 +65,18 @@ def test_what_if_kinds_schema_and_catalog_follow_the_registry() -> None:
     for tid, spec in specs.items():
         assert spec["knob"] in knobs, f"whatif.yaml {tid}: knob {spec['knob']!r} not in rules/knobs.yaml"
     assert not hasattr(whatif, "KINDS")  # the old unread tuple stays gone
+
+
+def test_phase_signatures_name_only_what_exists() -> None:
+    book, classes = load_phases(), load_classes()
+    roles = {g["role"] for g in classes.process_groups}
+    for i, sig in enumerate(book.signatures):
+        k = sig.kernels or {}
+        assert set(k.get("kclass", ())) <= set(classes.kclasses), (
+            f"phases.yaml signature {i} names a kernel class not in analyzer/kernel_classes.yaml")
+        assert set(k.get("pg_roles", ())) <= roles, (
+            f"phases.yaml signature {i} names a process-group role kernel_classes.yaml lacks")
+    assert set(book.targets) <= set(load_knobs().knobs), "a phases.yaml target names no knob"
+    doc = (ROOT / "docs" / "phases.md").read_text()
+    assert not [p for p in book.names if f"`{p}`" not in doc], (
+        "docs/phases.md's vocabulary must name each phase of analyzer/phases.yaml")

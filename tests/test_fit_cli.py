@@ -249,3 +249,43 @@ def test_context_parallel_on_long_context_keeps_the_small_penalty() -> None:
     (fine, below) = _cp_terms(8, 16384, wt)
     assert fine[1] == pytest.approx(0.08) and below[1] == pytest.approx(0.5)
     assert "2048 tokens per shard is below the 4096-token shard floor" in below[2]
+
+
+def test_the_check_note_asks_for_the_ranks_the_layout_has(tmp_path: Path) -> None:
+    """At PP 1 every rank holds the same layers: one run, never `RANK=0 … and RANK=0`; with
+    pipeline stages, the first and the last."""
+    doc = json.loads(fit("--contract", str(CONTRACTS / "mcore_h200_hostbound.yaml"), "--gpus", "2",
+                         "--json").stdout)
+    for p in doc["plans"]:
+        note = p["check"]["notes"][0]
+        if p["attention"]["pp"] == 1:
+            assert note.startswith("run once, RANK=0: at PP 1 every rank holds the same layers")
+        else:
+            assert note.startswith("run twice, RANK=0 (first stage) and RANK=1 (last stage)")
+    assert {p["attention"]["pp"] for p in doc["plans"]} == {1, 2}
+
+
+def test_ties_at_score_zero_are_explained(tmp_path: Path) -> None:
+    """The small MoE of a real H200 run (its own log's contract) at GBS 64 on 8 GPUs: pure DP
+    with EP 8, 4, 2 or 1 all score 0 — the text and the document say what ranks them."""
+    import yaml
+    from moetune.analyzer.megatron_args import read_log
+
+    doc = read_log((ROOT / "fixtures" / "traces" / "mlm_host_mbs8_rcnone" / "train.log").read_text()
+                   ).contract
+    doc["hardware"] = {"gpu_memory_gb": 139.8}
+    doc["shape"]["global_batch_size"] = doc["megatron_args"]["global_batch_size"] = 64
+    contract = tmp_path / "c.yaml"
+    contract.write_text(yaml.safe_dump(doc))
+    r = fit("--contract", str(contract), "--gpus", "8", "--json")
+    out = json.loads(r.stdout)
+    jsonschema.validate(out, SCHEMA)
+    assert [p["score"] for p in out["plans"][:4]] == [0, 0, 0, 0]
+    assert out["ties"].startswith("ties: #1–#4 share score 0.000 (no penalty: none needs model "
+                                  "parallelism or a fit option); equal scores are ranked by more "
+                                  "data parallelism")
+    peaks = [p["memory"]["peak_gib"] for p in out["plans"][:4]]
+    assert peaks == sorted(peaks)  # same DP: the lower peak first, as the note says
+    text = fit("--contract", str(contract), "--gpus", "8").stdout
+    assert f"note: {out['ties']}" in text
+    assert out["plans"][0]["check"]["notes"][0].startswith("run once, RANK=0")

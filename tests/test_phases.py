@@ -18,7 +18,15 @@ import polars as pl
 import pytest
 import yaml
 from moetune.analyzer.classify import load_classes
-from moetune.analyzer.phases_book import PHASES_PATH, load_phases, validate_phases
+from moetune.analyzer.phases_book import (
+    PHASES_PATH,
+    claim_kernel,
+    claim_range,
+    kernel_labels,
+    load_phases,
+    range_labels,
+    validate_phases,
+)
 from moetune.analyzer.phases_sequence import _Run, resolve_stream
 
 from moetune.analysis import analyze
@@ -61,7 +69,7 @@ def mcore_docs() -> dict[str, dict]:
 
 def test_shipped_phases_validate_and_name_real_kernel_classes() -> None:
     doc = yaml.safe_load(PHASES_PATH.read_text())
-    validate_phases(doc, PHASES_PATH)  # the shipped file is not validated at load (speed)
+    validate_phases(doc, PHASES_PATH)  # as every load does (load_phases, below)
     known = set(load_classes().kclasses)
     named = {k for s in doc["signatures"] for k in (s.get("kernels") or {}).get("kclass", [])}
     assert named <= known, f"kernel classes not in kernel_classes.yaml: {sorted(named - known)}"
@@ -109,6 +117,87 @@ def test_a_bad_user_phase_file_is_one_line(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump(doc))
     with pytest.raises(UserError, match="invalid phases at phases/0/part"):
         load_phases(bad)
+
+
+# One example per signature of analyzer/phases.yaml that it must be the one to label (first fit
+# wins; `moetune classify NAME [--kind range]` says which signature does): host ranges as
+# Megatron-Core (d98e8a6), Transformer Engine and PyTorch name them, kernels as the H200 traces
+# under fixtures/traces/ name them. (kind, name, the phases of the signature that labels it)
+SIGNATURE_EXAMPLES: list[tuple[str, str, tuple[str, ...]]] = [
+    ("range", "megatron.core.transformer.transformer_layer._forward_attention.self_attention",
+     ("attention",)),
+    ("range", "delayed_expert_wgrad", ("experts",)),
+    ("range", "megatron.core.transformer.transformer_layer._forward_mlp.mlp",
+     ("dense_mlp", "shared_experts", "router", "permute", "dispatch", "experts", "combine",
+      "unpermute")),
+    ("range", "megatron.core.transformer.mlp.forward.linear_fc1",
+     ("dense_mlp", "shared_experts", "experts")),
+    ("range", "Optimizer.step#FusedAdam.step", ("optimizer",)),
+    ("range", "/opt/megatron-lm/megatron/core/distributed/distributed_data_parallel.py(388): "
+     "finish_grad_sync", ("grad_reduce",)),
+    ("kernel", "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+     "(anonymous namespace)::TensorListMetadata<1>, at::native::(anonymous namespace)::ZeroFunctor"
+     "<c10::BFloat16, 1, 1, 0>>(at::native::(anonymous namespace)::TensorListMetadata<1>, "
+     "at::native::(anonymous namespace)::ZeroFunctor<c10::BFloat16, 1, 1, 0>)", ("optimizer",)),
+    ("range", "MoEAuxLossAutoScaler", ("router",)),
+    ("range", "RouterGatingLinearFunction", ("router",)),
+    ("range", "_moe_permute_mask_map", ("permute",)),
+    ("range", "ScatterAddBackward0", ("unpermute",)),
+    ("range", "FusedDispatch", ("dispatch",)),
+    ("range", "FusedCombine", ("combine",)),
+    ("range", "aten::_grouped_mm", ("experts",)),
+    ("range", "nn.Module: SharedExpertMLP_0", ("shared_experts",)),
+    ("range", "_AllToAll", ("dispatch", "combine")),
+    ("range", "aten::split_with_sizes", ("dispatch", "combine")),
+    ("range", "aten::scaled_dot_product_attention", ("attention",)),
+    ("range", "aten::embedding", ("embedding",)),
+    ("range", "_VocabParallelCrossEntropy", ("loss",)),
+    ("range", "aten::bmm", ("attention",)),
+    ("range", "aten::_softmax", ("attention", "router")),
+    ("range", "aten::argsort", ("permute", "embedding")),
+    ("kernel", "void at::native::bitonicSortKVInPlace<2, -1, 16, 16, c10::BFloat16, long, "
+     "at::native::GTOp<c10::BFloat16, true>, unsigned int>(at::cuda::detail::TensorInfo<c10::"
+     "BFloat16, unsigned int>, unsigned int, unsigned int, unsigned int, at::cuda::detail::"
+     "TensorInfo<long, unsigned int>, unsigned int, at::native::GTOp<c10::BFloat16, true>)",
+     ("router", "permute", "embedding")),
+    ("range", "aten::scatter_add_", ("permute", "unpermute")),
+    ("kernel", "_row_id_map_pass_1_kernel", ("permute", "unpermute")),
+    ("range", "aten::silu", ("dense_mlp", "shared_experts", "experts")),
+    ("range", "LinearWithGradAccumulationAndAsyncCommunication",
+     ("attention", "dense_mlp", "shared_experts", "experts", "loss")),
+    ("range", "_LayerNormLinear", ("attention", "dense_mlp", "shared_experts", "experts", "loss")),
+    ("range", "_LayerNormMLP", ("dense_mlp", "shared_experts")),
+    ("range", "aten::layer_norm", ()),
+]
+
+
+def _kclass(name: str) -> str | None:
+    from moetune.analyzer.classify import claim
+
+    return claim(name).label
+
+
+def test_every_signature_labels_an_example_of_its_own() -> None:
+    """First fit wins: a signature an earlier one shadows labels nothing. Each must be the one
+    that labels an example, and the labelling the diagnosis does must take the same one."""
+    book = load_phases()
+    claimed = set()
+    for kind, name, phases in SIGNATURE_EXAMPLES:
+        if kind == "range":
+            got = claim_range(name, book)
+            d, a = range_labels([name], book)[name][:2]
+        else:
+            got = claim_kernel(_kclass(name), name, None, book)
+            ((d, a, _),) = kernel_labels([(_kclass(name), name, None)], book).values()
+        i = got.claimant
+        assert i is not None and book.signatures[i].phases == phases, (
+            f"{name!r}: labelled by signature {None if i is None else i + 1} "
+            f"{None if i is None else book.signatures[i].phases}, not one of {phases}")
+        assert (d, a) == tuple(-1 if x is None else x for x in (got.definite, got.ambiguous)), name
+        claimed.add(i)
+    missing = [i + 1 for i in range(len(book.signatures)) if i not in claimed]
+    assert not missing, (f"signature(s) {missing} of analyzer/phases.yaml label no example of "
+                         "SIGNATURE_EXAMPLES: add one (or an earlier signature claims its names)")
 
 
 # ----------------------------------------------------------------------------- the table
@@ -206,6 +295,9 @@ def test_nsys_export_without_nvtx_reads_the_layer_by_its_kernels(tmp_path: Path)
     assert {"dispatch", "combine"} <= set(doc["phases"]["not_found"])
     assert doc["phases"]["layers"]["count"] == 4
     assert {r["source"] for r in doc["phases"]["rows"]} <= {"kernel", "sequence", "gap", None}
+    # the optimizer's kernels (compute.optimizer) are the optimizer's, not the last expert GEMMs'
+    opt = next(r for r in doc["phases"]["rows"] if r["phase"] == "optimizer")
+    assert opt["source"] == "kernel" and opt["kernels"] > 0 and opt["step_s"] > 0.003
 
 
 @pytest.mark.corpus

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CATALOGS = {  # every catalog whose loader validates with schema_check
     "kernel_classes": ROOT / "analyzer" / "kernel_classes.yaml",
     "whatif": ROOT / "analyzer" / "whatif.yaml",
+    "phases": ROOT / "analyzer" / "phases.yaml",
 }
 _REPLACEMENTS: tuple[Any, ...] = (None, True, 0, 1.5, -1, "", "x", "Bad Name", [], ["x"], {},
                                   {"x": 1})

@@ -326,3 +326,39 @@ def test_what_an_accepted_enabler_unlocked_is_tried_inside_the_noise_band(tmp_pa
     assert "micro_batch_size=16" in by, res["stopped"]  # tried, whatever its verdict
     assert by["micro_batch_size=16"]["source"] == "test.unlocked"
     assert seen[:2] == [1, 4]
+
+
+def test_run_speaks_as_run_and_tune_without_a_profile_says_what_to_add(tmp_path: Path) -> None:
+    """`moetune run`'s progress lines name `run`, not `tune`; `tune --no-profile` with no --try
+    has nothing to judge and says how to give it something."""
+    pytest.importorskip("torch")
+    where = ["--ledger", str(tmp_path / "l.db"), "--workdir", str(tmp_path / "runs")]
+    r = moetune("run", "--change", "micro_batch_size=16", "--cmd", WORKLOAD, "--no-profile",
+                "--max-pairs", "1", *FAST, *where, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    _validator("run").validate(json.loads(r.stdout))
+    progress = [ln for ln in r.stderr.splitlines() if ln.startswith("moetune ")]
+    assert progress and all(ln.startswith("moetune run: ") for ln in progress), progress
+    r = moetune("tune", "--cmd", WORKLOAD, "--no-profile", *FAST, *where)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "0 runs executed" in r.stdout
+    stopped = next(ln for ln in r.stdout.splitlines() if ln.startswith("stopped: "))
+    assert stopped.endswith("only --try candidates are judged; add --try KNOB=VALUE (e.g. --try "
+                            "moe_grouped_gemm=true; `moetune rules list` shows the knobs)")
+    assert all(ln.startswith("moetune tune: ") for ln in r.stderr.splitlines())
+    r = moetune("tune", "--cmd", WORKLOAD, "--budget", "1", "--no-rules", "--no-profile",
+                "--try", "micro_batch_size=16", "--max-pairs", "1", *FAST, *where, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    _validator("tune").validate(res)
+    assert [d["label"] for d in res["decisions"]] == ["micro_batch_size=16"]
+
+
+def _validator(name: str):
+    import jsonschema
+    from referencing import Registry, Resource
+
+    schemas = [json.loads((ROOT / "schemas" / f"{n}.schema.json").read_text())
+               for n in (name, "ledger")]
+    registry = Registry().with_resources([(s["$id"], Resource.from_contents(s)) for s in schemas])
+    return jsonschema.Draft202012Validator(schemas[0], registry=registry)

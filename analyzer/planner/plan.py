@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from moetune.analyzer.log_hardware import FILL, fill_hint
 from moetune.analyzer.planner.config import PlannerConfig, builtin
 from moetune.analyzer.planner.layouts import (
     CONSTRAINTS,
@@ -143,9 +144,10 @@ def request_from_contract(doc: Mapping[str, Any], *, gpus: int | None = None,
         missing.append("shape.seq_length")
     per_node = hw.get("gpus_per_node")
     if gpus is None and (hw.get("nodes") is None or per_node is None):
-        missing.append("hardware.nodes and hardware.gpus_per_node (or --gpus)")
+        missing.append("hardware.gpus_per_node")
     if missing:
-        raise UserError(f"contract lacks {', '.join(missing)} (needed by fit)", path=source)
+        raise UserError("contract lacks " + "; ".join(
+            fill_hint(k) if k in FILL else f"{k} (needed by fit)" for k in missing), path=source)
     per_node = int(per_node or 8)
     world = int(gpus) if gpus is not None else int(hw["nodes"]) * per_node
     work = workload_from_contract(doc, cfg, source=source)  # shapes + the attention that runs
@@ -321,6 +323,24 @@ def plan_fit(req: Request) -> Outcome:
     return Outcome(req, tuple(plans), len(enum.layouts), enum.candidates, (), None, current)
 
 
+TIE_BREAK = ("more data parallelism (DP) first, then the lower predicted peak memory, then the "
+             "smaller TP, CP, DP, PP, VPP")
+
+
+def ties(scores: list[float]) -> str | None:
+    """What ranks plans of equal score, said where the shown plans have any (`fit`'s `ties`)."""
+    groups: dict[float, list[int]] = {}
+    for i, sc in enumerate(scores, 1):
+        groups.setdefault(round(sc, 4), []).append(i)
+    tied = [(sc, ix) for sc, ix in groups.items() if len(ix) > 1]
+    if not tied:
+        return None
+    said = "; ".join(f"#{ix[0]}–#{ix[-1]} share score {sc:.3f}"
+                     + (" (no penalty: none needs model parallelism or a fit option)"
+                        if sc == 0 else "") for sc, ix in tied)
+    return f"ties: {said}; equal scores are ranked by {TIE_BREAK}"
+
+
 def _fit_all(req: Request, enum: Enumeration) -> list[Plan]:
     ladder = fit_ladder(req.model, distributed_optimizer=req.distributed_optimizer,
                         cfg=req.config)
@@ -332,7 +352,7 @@ def _fit_all(req: Request, enum: Enumeration) -> list[Plan]:
         rung, est = hit
         terms = score_terms(req, lay, rung, est)
         plans.append(Plan(lay, rung, est, round(sum(t[1] for t in terms), 6), tuple(terms)))
-    # ties: more DP, then less memory, then the smaller layout tuple (deterministic)
+    # ties (TIE_BREAK): more DP, then less memory, then the smaller layout tuple (deterministic)
     plans.sort(key=lambda p: (p.score, -p.layout.dp, p.memory.peak_bytes,
                               (*p.layout.key()[:4], p.layout.vpp or 0)))
     return plans
@@ -466,10 +486,12 @@ def check_command(req: Request, plan: Plan) -> tuple[str, list[str]]:
     """One-GPU build check with a fake process group, and its caveats."""
     lay = plan.layout
     flags = " ".join(megatron_flags(plan))
+    read = ("read 'max allocated' in the memory report of the first iterations, or add "
+            "--record-memory-history --memory-snapshot-path")
     notes = [
-        f"run twice, RANK=0 (first stage) and RANK={req.topo.gpus - 1} (last stage): the peak "
-        f"is predicted on pipeline rank {plan.memory.rank}; read 'max allocated' in the memory "
-        "report of the first iterations, or add --record-memory-history --memory-snapshot-path",
+        (f"run twice, RANK=0 (first stage) and RANK={req.topo.gpus - 1} (last stage): the peak "
+         f"is predicted on pipeline rank {plan.memory.rank}; {read}") if lay.pp > 1 else
+        f"run once, RANK=0: at PP 1 every rank holds the same layers; {read}",
         "the code flag is --fake-process-group; MLM README and Bridge docs say "
         "--fake-init-process-group. Megatron-Bridge does not support it (MLM PR #2280, PyTorch ≥2.3)",
         "it skips communication and disables NaN checks: it proves the layout builds and "
@@ -560,6 +582,7 @@ def to_document(out: Outcome, *, top: int, contract: str | None) -> dict[str, An
         "counts": {"candidates": out.candidates, "legal": out.legal, "fit": len(out.plans)},
         "current_layout_rank": out.current_rank,
         "plans": plans,
+        "ties": ties([p["score"] for p in plans]),
         "no_layout": (None if out.plans else
                       {"binding": list(out.binding), "explanation": out.explanation}),
     }

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from moetune.analyzer.contract import check_contract, read_document
+from moetune.analyzer.log_hardware import FILL, fill_hint
 from moetune.analyzer.megatron_args import DUMP, SOURCES, LogContract, read_log
 from moetune.errors import GateFailed, UserError, read_user_text
 
@@ -39,7 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     check.add_argument(
         "--strict", action="store_true", help="demand the complete set of sections and fields"
     )
-    check.add_argument("--json", action="store_true", help="print the problems as JSON")
+    check.add_argument("--json", action="store_true",
+                       help="print the problems (schemas/contract_check.schema.json)")
     from_log = sub.add_parser(
         "from-log", help="contract YAML from a Megatron-LM log",
         description="Read a contract from a Megatron-LM log: its argument dump (or argument lines "
@@ -51,7 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     from_log.add_argument("-o", "--output", help="write the contract here instead of stdout")
     from_log.add_argument("--json", action="store_true",
                           help="print the contract, each argument's source and the log's "
-                          "evidence (theoretical memory) as JSON")
+                          "evidence (theoretical memory), what it set aside and what to add "
+                          "(schemas/contract_from_log.schema.json)")
     return p
 
 
@@ -102,8 +105,9 @@ def _from_log(args: argparse.Namespace) -> int:
         doc = from_log_document(found, path.name, parsed.theoretical_memory)
         text_out = json.dumps(_finite(doc), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
     else:
-        header = (f"# moetune contract from-log {path.name}: review, then fill "
-                  "hardware/versions/window\n") + "".join(f"# {line}\n" for line in _provenance(found))
+        header = (f"# moetune contract from-log {path.name}: review it\n"
+                  + "".join(f"# {line}\n" for line in _provenance(found))
+                  + "".join(f"# {line}\n" for line in _to_fill(found)))
         text_out = header + yaml.dump(found.contract, Dumper=_NoAliases, sort_keys=False, width=100)
     if args.output:
         out = Path(args.output)
@@ -154,7 +158,21 @@ def _provenance(found: LogContract) -> list[str]:
         lines.append("unread (a shell variable, not its value): " + " ".join(found.unread_flags))
     if "label" not in found.contract:
         lines.append("no label: the log shows only part of the arguments; set it after review")
+    if hw := found.contract.get("hardware"):
+        lines.append("hardware from the log: " + ", ".join(f"{k} {v}" for k, v in hw.items()))
+    if found.set_aside:
+        shown = ", ".join(f"{k}={v!r}" for k, v in found.set_aside.items())
+        lines.append(f"printed, but not Megatron-LM arguments (left out of megatron_args): {shown}")
     return lines
+
+
+def _to_fill(found: LogContract) -> list[str]:
+    """Comment lines naming what the log does not state that later commands need, with the
+    line to add."""
+    if not found.missing:
+        return []
+    return ["not in the log; add before the commands that need it:",
+            *(f"  {fill_hint(key)}" for key in found.missing)]
 
 
 def from_log_document(found: LogContract, log_name: str, theoretical: object) -> dict:
@@ -177,5 +195,7 @@ def from_log_document(found: LogContract, log_name: str, theoretical: object) ->
         "source_counts": counts,
         "conflicts": found.conflicts,
         "unread_flags": list(found.unread_flags),
+        "set_aside": found.set_aside,
+        "missing": [{"key": k, "needed_by": FILL[k][0], "add": FILL[k][1]} for k in found.missing],
         "evidence": {"theoretical_memory": theory},
     }

@@ -26,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("paths", nargs="*", metavar="PATH", help="trace files or directories (default: the shipped example trace)")
     p.add_argument("--window", metavar="A:B", help="analyze steps A..B (inclusive step ids)")
-    p.add_argument("--json", action="store_true", help="print only the diagnosis document (JSON)")
+    p.add_argument("--json", action="store_true", help="print only the diagnosis document (schemas/diagnosis.schema.json)")
     p.add_argument("--contract", metavar="FILE", help="measurement contract (YAML/JSON)")
     reference_args.add_arguments(p)
     p.add_argument("--step-range", metavar="NAME", help="annotation/NVTX range name that marks one step")

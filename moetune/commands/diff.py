@@ -42,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="exit 1 when B's step time is more than PCT %% slower than A's beyond "
                    "the step-to-step noise of both; exit 3 when it is more than PCT %% slower "
                    "but a run's noise is unknown (one analysed step): undecided")
-    p.add_argument("--json", action="store_true", help="print only the diff document (JSON)")
+    p.add_argument("--json", action="store_true", help="print only the diff document (schemas/diff.schema.json)")
     scale.add_arguments(p)
     return p
 

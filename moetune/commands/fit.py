@@ -83,4 +83,6 @@ def render(fit: dict[str, Any]) -> str:
         lines.append("    check: " + p["check"]["command"])
     notes = fit["plans"][0]["check"]["notes"]
     lines += ["", *(f"note: {n}" for n in notes)]
+    if fit["ties"]:
+        lines.append(f"note: {fit['ties']}")
     return "\n".join(lines) + "\n"

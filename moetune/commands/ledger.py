@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--session", help="only this session")
     p.add_argument("--by-rule", action="store_true",
                    help="per rule: decisions, accepted, median predicted vs measured gain")
-    p.add_argument("--json", action="store_true", help="print the ledger document (JSON)")
+    p.add_argument("--json", action="store_true", help="print the ledger document (schemas/ledger.schema.json)")
     return p
 
 

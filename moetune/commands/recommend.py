@@ -38,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="measurement contract (YAML/JSON): current arguments, hardware, versions")
     p.add_argument("--audit", metavar="FILE", help="saved `moetune audit --json` document")
     reference_args.add_arguments(p)
-    p.add_argument("--json", action="store_true", help="print only the recommendations document")
+    p.add_argument("--json", action="store_true", help="print only the recommendations document (schemas/recommendation.schema.json)")
     p.add_argument("--top", type=int, metavar="N", help="show the N best recommendations")
     p.add_argument("--rules", action="append", default=[], metavar="DIR",
                    help="extra rule folder (repeatable): adds rules, overrides built-in ids")

@@ -26,10 +26,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     sub = p.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
     ls = sub.add_parser("list", help="one line per rule: id, status, knob, title")
     ls.add_argument("--rules", action="append", default=[], metavar="DIR", help="extra rule folder")
-    ls.add_argument("--json", action="store_true", help="machine-readable list")
+    ls.add_argument("--json", action="store_true",
+                    help="print the list (schemas/rules_list.schema.json)")
     show = sub.add_parser("show", help="everything about one rule")
     show.add_argument("id", metavar="ID")
     show.add_argument("--rules", action="append", default=[], metavar="DIR", help="extra rule folder")
+    show.add_argument("--json", action="store_true",
+                      help="print the rule as its file states it (schemas/rule.schema.json)")
     chk = sub.add_parser("check", help="validate a folder of rules and run each on its fixtures",
                          description="Validate every rule file of DIR (file:line: problem), then "
                          "run each rule on the fixtures it names: it must fire on `fires`, stay "
@@ -39,6 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     chk.add_argument("folder", metavar="DIR")
     chk.add_argument("--fixtures", action="append", default=[], metavar="FDIR",
                      help="a folder of scenario fixtures, searched first (repeatable)")
+    chk.add_argument("--json", action="store_true",
+                     help="print the verdict and the problems (schemas/rules_check.schema.json)")
     return p
 
 
@@ -46,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from moetune.rules.load import load_catalog, load_rules
 
     if args.rules_command == "check":
-        return _check(Path(args.folder), [Path(d) for d in args.fixtures])
+        return _check(Path(args.folder), [Path(d) for d in args.fixtures], as_json=args.json)
     rules = load_rules([Path(d) for d in args.rules])
     catalog = load_catalog()
     if args.rules_command == "list":
@@ -65,18 +70,28 @@ def run(args: argparse.Namespace) -> int:
     rule = rules.get(args.id)
     if rule is None:
         raise UserError(f"no rule {args.id!r}; `moetune rules list` shows the ids")
+    if args.json:
+        sys.stdout.write(json.dumps(rule.spec, indent=2, ensure_ascii=False) + "\n")
+        return 0
     sys.stdout.write(explain(rule.spec, catalog))
     return 0
 
 
-def _check(folder: Path, fixture_dirs: list[Path]) -> int:
+def _check(folder: Path, fixture_dirs: list[Path], *, as_json: bool = False) -> int:
     from moetune.rules.check import check_folder
 
     for d in fixture_dirs:
         if not d.is_dir():
             raise UserError("fixtures folder not found", path=d)
     done = check_folder(folder, fixture_dirs)
-    for p in done.problems:
+    if as_json:
+        doc = {"schema": "moetune.rules-check/1", "folder": str(folder),
+               "fixtures": [str(d) for d in done.fixtures], "rules": sorted(done.rules),
+               "outcomes_checked": done.runs, "valid": not done.problems,
+               "problems": [{"file": p.path, "line": p.line, "message": p.message}
+                            for p in done.problems]}
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    for p in [] if as_json else done.problems:
         print(p)
     where = ", ".join(map(str, done.fixtures)) or "none found"
     print(f"{len(done.rules)} rule(s) valid, {done.runs} fixture outcome(s) checked, "

@@ -56,7 +56,8 @@ def add_exec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-profile", action="store_true", help="never add profiler flags")
     p.add_argument("--profile-args", metavar="TEMPLATE",
                    help="profiler flags with {dir} {start} {end} (default: chosen from --cmd)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print the result (schemas/run.schema.json; tune: schemas/tune.schema.json)")
 
 
 def base_argv(args: argparse.Namespace) -> list[str]:
