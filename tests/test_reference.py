@@ -167,3 +167,19 @@ def test_without_a_contract_the_logs_arguments_stand_in() -> None:
                           text=True, timeout=300, check=True)
     assert "train.log's arguments" in text.stdout.splitlines()[0]
     assert text.stderr.strip() == "moetune: no --contract: train.log's argument dump stands in for it"
+
+
+def test_audit_takes_the_logs_arguments_as_its_claims() -> None:
+    """`audit --log`: the argument dump is the claim; the same verdicts as its from-log contract."""
+    run = [sys.executable, "-m", "moetune", "audit", str(HOST8 / "trace.json.gz")]
+    p = subprocess.run([*run, "--log", str(HOST8 / "train.log"), "--json"], capture_output=True,
+                       text=True, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["contract"]["file"] == "train.log's arguments"
+    got = {k: v["verdict"] for k, v in doc["verdicts"].items()}
+    assert got["micro_batch_size"] == "confirmed" and got["recompute_granularity"] == "confirmed"
+    assert got["moe_grouped_gemm"] == "confirmed"  # false, as the log says: per-expert GEMMs
+    none = subprocess.run(run, capture_output=True, text=True, timeout=300, check=False)
+    assert none.returncode == 2 and "--contract FILE, or --log FILE" in none.stderr
+    assert len(none.stderr.strip().splitlines()) == 1

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from moetune.analysis import analyze
 from moetune.analyzer.audit import describe_claim
-from moetune.errors import GateFailed, GateUndecided
+from moetune.errors import GateFailed, GateUndecided, UserError
 
 MARK = {"confirmed": "confirmed   ", "contradicted": "CONTRADICTED", "unobservable": "unobservable"}
 
@@ -28,7 +29,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "contradicts it, or cannot show it — with the evidence. Exit 1 if anything is contradicted, "
         "3 if no claim could be checked (undecided).",
     )
-    p.add_argument("--contract", required=True, help="contract file (YAML or JSON)")
+    p.add_argument("--contract", help="contract file (YAML or JSON); or --log")
+    p.add_argument("--log", metavar="FILE",
+                   help="the run's Megatron log: its argument dump is the claim (as `contract "
+                   "from-log` reads it), when no --contract is given")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto .json[.gz] / nsys .sqlite files or directories")
     p.add_argument("--window", help="steady steps A:B (default: the contract's window.steady)")
     p.add_argument("--json", action="store_true", help="print the audit document (schemas/audit.schema.json)")
@@ -36,8 +40,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = analyze(args.traces, args.contract, window=args.window, full=False).audit
-    assert doc is not None  # a contract was given
+    if not args.contract and not args.log:
+        raise UserError("audit needs the claims: --contract FILE, or --log FILE (the run's "
+                        "Megatron log, whose argument dump states them)")
+    reference = None
+    if not args.contract:
+        from moetune.analysis import read_reference
+
+        reference = read_reference(args.log, require_step=False)
+        if reference is None or reference.log_contract is None:
+            raise UserError("no Megatron argument dump to audit against (`------------------------ "
+                            "arguments ------------------------` block)", path=args.log)
+    doc = analyze(args.traces, args.contract, window=args.window, full=False,
+                  reference_step_s=reference).audit
+    assert doc is not None  # a contract was given, or the log's stood in
+    if not args.contract:
+        doc["contract"]["file"] = f"{Path(args.log).name}'s arguments"
     if args.json:
         print(json.dumps(doc, indent=1, sort_keys=False))
     else:

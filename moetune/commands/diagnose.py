@@ -97,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
             render_top(doc)
         shown = " ".join(str(p) for p in args.paths) if args.paths else "<trace>"
         given = shlex.quote(args.contract) if args.contract else "FILE"  # the one given, if any
-        print(f"next: moetune recommend {shown} --contract {given}  ·  "
+        log = getattr(args, "log", None)
+        # without a contract the log's argument dump stands in for it (moetune/analysis.py)
+        inputs = (f"--contract {given}" if args.contract or not log else "") + \
+            (f" --log {shlex.quote(log)}" if log else "")
+        print(f"next: moetune recommend {shown} {inputs.strip()}  ·  "
               f"moetune audit --contract {given} {shown}", file=sys.stderr)
     if not args.quiet and doc.get("warnings"):
         from moetune.render import render_warnings  # rich: only when there is something to show
