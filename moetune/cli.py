@@ -22,7 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "contract": ("contract", "validate a measurement contract, or build one from a Megatron log"),
     "recommend": ("recommend", "rank one-knob Megatron changes that attack the dominant wall"),
     "rules": ("rules_cmd", "list, explain and validate tuning rules"),
-    "classify": ("classify", "say which kernel_classes.yaml entry classifies an event name"),
+    "classify": ("classify", "say which kernel_classes.yaml entry classifies an event name, "
+                 "and which phases.yaml signature labels its phase"),
     "fit": ("fit", "plan parallel layouts that fit memory, ranked"),
     "run": ("run_cmd", "run one knob change against the baseline (sequential A/B, verdict)"),
     "tune": ("tune", "closed loop: profile, diagnose, recommend, validate, accept (resumable)"),

@@ -302,7 +302,7 @@ def test_recommend_text_names_an_unlabelled_contract() -> None:
     assert head(render(doc, contract="runs/c.yaml")).endswith("· contract c.yaml (unlabelled)")
     assert head(render(doc)).endswith("· contract none")
     labelled = {**doc, "contract_label": "benchmark-only"}
-    assert head(render(labelled, contract="c.yaml")).endswith("· contract benchmark-only")
+    assert head(render(labelled, contract="c.yaml")).endswith("· contract benchmark-only (c.yaml)")
 
 
 def test_diagnose_next_hint_names_the_contract_given() -> None:
