@@ -5,7 +5,6 @@ two-rank run. Pages are built from real H200 traces; screenshots go with the rep
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from tests.golden import run_cli
 
 pytest.importorskip("plotly", reason="the report extra (plotly) is not installed")
 
-from tests.test_report import Browser, artifacts, find_chromium  # noqa: F401
+from tests.test_report import Browser, artifacts, browser  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "fixtures" / "traces"
@@ -33,19 +32,6 @@ def pages(artifacts: Path) -> dict[str, Path]:  # noqa: F811
     return out
 
 
-@pytest.fixture(scope="module")
-def chrome() -> Iterator[Browser]:
-    exe = find_chromium()
-    if exe is None:
-        pytest.skip("no Chromium installed (apt-get install chromium; .ci/run installs it)")
-    b = Browser(exe)
-    try:
-        b.open()
-        yield b
-    finally:
-        b.close()
-
-
 def test_page_text_has_the_phase_table(pages: dict[str, Path]) -> None:
     html = pages["phases_grid"].read_text()
     assert 'id="phases"' in html and 'class="sortable phases"' in html
@@ -54,35 +40,35 @@ def test_page_text_has_the_phase_table(pages: dict[str, Path]) -> None:
     assert "3 layers per pass" in html
 
 
-def test_per_layer_bars_render_and_the_table_sorts(pages: dict[str, Path], chrome: Browser,
+def test_per_layer_bars_render_and_the_table_sorts(pages: dict[str, Path], browser: Browser,  # noqa: F811
                                                    artifacts: Path) -> None:  # noqa: F811
-    chrome.load(pages["phases_grid"].resolve().as_uri())
+    browser.load(pages["phases_grid"].resolve().as_uri())
     # one trace per phase in the per-layer chart, each with a bar for layers 1, 2 and 3
-    names = chrome.eval("document.getElementById('chart-phases-per-layer').data.map(t => t.name)")
+    names = browser.eval("document.getElementById('chart-phases-per-layer').data.map(t => t.name)")
     assert {"attention", "router", "experts", "unpermute"} <= set(names)
-    xs = chrome.eval("document.getElementById('chart-phases-per-layer').data[0].x")
+    xs = browser.eval("document.getElementById('chart-phases-per-layer').data[0].x")
     assert xs == ["layer 1", "layer 2", "layer 3"]
-    bars = chrome.eval("document.querySelectorAll('#chart-phases-per-layer .bars path').length")
+    bars = browser.eval("document.querySelectorAll('#chart-phases-per-layer .bars path').length")
     assert bars >= 3 * 6
     col = "Array.from(document.querySelectorAll('table.phases tbody tr')).map(r => " \
           "parseFloat(r.cells[2].dataset.v))"
-    chrome.eval("document.querySelectorAll('table.phases th')[2].click()")
-    asc = chrome.eval(col)
+    browser.eval("document.querySelectorAll('table.phases th')[2].click()")
+    asc = browser.eval(col)
     assert asc == sorted(asc)
-    chrome.eval("document.querySelectorAll('table.phases th')[2].click()")
-    desc = chrome.eval(col)
+    browser.eval("document.querySelectorAll('table.phases th')[2].click()")
+    desc = browser.eval(col)
     assert desc == sorted(desc, reverse=True)
-    chrome.eval("document.getElementById('phases').scrollIntoView()")
-    chrome.screenshot(artifacts / "phases_grid.png")
-    assert chrome.errors() == []
+    browser.eval("document.getElementById('phases').scrollIntoView()")
+    browser.screenshot(artifacts / "phases_grid.png")
+    assert browser.errors() == []
 
 
-def test_two_ranks_show_their_breakdown(pages: dict[str, Path], chrome: Browser,
+def test_two_ranks_show_their_breakdown(pages: dict[str, Path], browser: Browser,  # noqa: F811
                                         artifacts: Path) -> None:  # noqa: F811
-    chrome.load(pages["phases_ep2"].resolve().as_uri())
-    xs = chrome.eval("document.getElementById('chart-phases-per-rank').data[0].x")
+    browser.load(pages["phases_ep2"].resolve().as_uri())
+    xs = browser.eval("document.getElementById('chart-phases-per-rank').data[0].x")
     assert xs == ["rank 0", "rank 1"]
-    text = chrome.eval("document.getElementById('phases').innerText")
+    text = browser.eval("document.getElementById('phases').innerText")
     assert "Slowest: rank" in text and "Per rank" in text
-    chrome.screenshot(artifacts / "phases_ep2.png")
-    assert chrome.errors() == []
+    browser.screenshot(artifacts / "phases_ep2.png")
+    assert browser.errors() == []
