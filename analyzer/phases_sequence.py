@@ -170,8 +170,9 @@ class _Packed:
 
 
 def _pack(points: pl.DataFrame, ranges: pl.DataFrame, at: str) -> _Packed | None:
+    # threads numbered in (rank, tid) order: ranges sorted by (rank, tid, start) pack sorted
     thr = pl.concat([ranges.select("rank", "tid"), points.select("rank", "tid")]).unique()
-    thr = thr.drop_nulls().with_row_index("_th").with_columns(pl.col("_th").cast(pl.Int64))
+    thr = thr.drop_nulls().sort("rank", "tid").with_row_index("_th").with_columns(pl.col("_th").cast(pl.Int64))
     ts = [x for x in (ranges.get_column("start").min(), points.get_column(at).min()) if x is not None]
     te = [x for x in (ranges.get_column("end").max(), points.get_column(at).max()) if x is not None]
     t0, t1 = int(min(ts)), int(max(te))
@@ -211,7 +212,9 @@ def innermost(points: pl.DataFrame, ranges: pl.DataFrame, *, at: str = "launch_t
     if len(rows) == 0 or len(pk.pt) == 0:
         return out
     s, e, span = pk.s[rows], pk.e[rows], pk.span
-    order = np.lexsort((-e, s))  # (thread, start) packed in s; outer first on ties
+    # (thread, start) packed in s; outer first on ties (`_host_ranges` gives them in this order)
+    in_order = len(s) < 2 or bool(np.all((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] <= e[:-1]))))
+    order = np.arange(len(s)) if in_order else np.lexsort((-e, s))
     s_sorted = s[order]
     ends = np.sort(e)
     lo_r = (s_sorted // span) * span
@@ -228,7 +231,7 @@ def innermost(points: pl.DataFrame, ranges: pl.DataFrame, *, at: str = "launch_t
     ok = want >= 0
     if ok.any():
         # the latest range started by t at the wanted depth: ranges ordered by (depth, start)
-        by_depth = np.lexsort((s_sorted, depth))
+        by_depth = np.argsort(depth, kind="stable")  # s_sorted ascending: ties stay by start
         dk, sk = depth[by_depth], s_sorted[by_depth]
         wanted, tt = want[ok], pt[ok]
         found = np.full(len(wanted), -1, dtype=np.int64)
