@@ -93,15 +93,15 @@ def label_items(events: pl.DataFrame, win: pl.DataFrame, *, book: PhaseBook,
 def _gpu_items(events: pl.DataFrame, win: pl.DataFrame, comms: pl.DataFrame,
                launches: pl.DataFrame) -> pl.DataFrame:
     """GPU rows overlapping the window or launched in the host step, with their launch."""
+    # eager steps: on these few rows a lazy plan of the joins costs more than the joins
     gpu = (events.lazy().filter(pl.col("kind").is_in(GPU_KINDS) & (pl.col("dur_ns") > 0))
            .select("rank", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
                    pl.col("kind").cast(pl.String), pl.col("wall").cast(pl.String), "kclass", "name",
-                   "correlation")
-           .join(win.lazy().select("rank", "win_start_ns", "win_end_ns"), on="rank", how="inner")
-           .join(launches.lazy(), on=["rank", "correlation"], how="left")
-           .filter(((pl.col("ts_ns") < pl.col("win_end_ns")) & (pl.col("end_ns") > pl.col("win_start_ns")))
-                   | pl.col("launch_ts").is_not_null())
-           .drop("win_start_ns", "win_end_ns").collect())
+                   "correlation").collect()
+           .join(win.select("rank", "win_start_ns", "win_end_ns"), on="rank", how="inner")
+           .join(launches, on=["rank", "correlation"], how="left"))
+    gpu = gpu.filter(((pl.col("ts_ns") < pl.col("win_end_ns")) & (pl.col("end_ns") > pl.col("win_start_ns")))
+                     | pl.col("launch_ts").is_not_null()).drop("win_start_ns", "win_end_ns")
     return with_pg_role(gpu, comms).with_columns(pl.lit("gpu").alias("item"))
 
 
@@ -117,19 +117,18 @@ def _host_ranges(events: pl.DataFrame, gpu: pl.DataFrame, win: pl.DataFrame, *, 
             .select("rank", pl.min_horizontal("_lo", "start_ns").alias("_lo"),
                     pl.max_horizontal("_hi", "end_ns").alias("_hi")))
     host_rows = pl.col("kind").is_in(HOST_KINDS) & pl.col("dur_ns").is_not_null()
-    # the distinct names first: most host rows are ops no signature names, dropped by name
-    # before any other work on them
-    raw = events.lazy().filter(host_rows).select(pl.col("name").unique()).collect().get_column(
-        "name").drop_nulls().to_list()
-    norm = {n: _NVTX_TAIL.sub("", n) for n in raw}
-    labels = range_labels(sorted(set(norm.values())), book)
-    bwd = matcher(classes.backward_ops)
-    keep = [n for n in raw if norm[n] in labels or bwd(norm[n])]
-    host = (events.lazy().filter(host_rows & pl.col("name").is_in(keep))
+    # the host rows of the span first (integer compares), then their distinct names: most are
+    # ops no signature names, dropped by name before any other work on them
+    host = (events.lazy().filter(host_rows)
             .select("rank", "tid", "ts_ns", "dur_ns", pl.col("kind").cast(pl.String), "name")
             .join(span, on="rank", how="inner")
             .filter((pl.col("ts_ns") <= pl.col("_hi")) & (pl.col("ts_ns") + pl.col("dur_ns") >= pl.col("_lo")))
             .drop("_lo", "_hi").collect())
+    raw = host.get_column("name").unique().drop_nulls().to_list()
+    norm = {n: _NVTX_TAIL.sub("", n) for n in raw}
+    labels = range_labels(sorted(set(norm.values())), book)
+    bwd = matcher(classes.backward_ops)
+    keep = [n for n in raw if norm[n] in labels or bwd(norm[n])]
     rows = [(n, *labels.get(norm[n], (NONE, NONE, False, False, None)), bwd(norm[n])) for n in keep]
     lab = pl.DataFrame(rows, schema={"name": pl.String, "def_sig": pl.Int32, "amb_sig": pl.Int32,
                                      "boundary": pl.Boolean, "marker": pl.Boolean,
