@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import polars as pl
@@ -119,11 +120,8 @@ def _host_ranges(events: pl.DataFrame, gpu: pl.DataFrame, win: pl.DataFrame, *, 
     host_rows = pl.col("kind").is_in(HOST_KINDS) & pl.col("dur_ns").is_not_null()
     # the host rows of the span first (integer compares), then their distinct names: most are
     # ops no signature names, dropped by name before any other work on them
-    host = (events.lazy().filter(host_rows)
-            .select("rank", "tid", "ts_ns", "dur_ns", pl.col("kind").cast(pl.String), "name")
-            .join(span, on="rank", how="inner")
-            .filter((pl.col("ts_ns") <= pl.col("_hi")) & (pl.col("ts_ns") + pl.col("dur_ns") >= pl.col("_lo")))
-            .drop("_lo", "_hi").collect())
+    host = events.lazy().filter(host_rows & _in_span(span.collect(), "ts_ns", "dur_ns")).select(
+        "rank", "tid", "ts_ns", "dur_ns", pl.col("kind").cast(pl.String), "name").collect()
     raw = host.get_column("name").unique().drop_nulls().to_list()
     norm = {n: _NVTX_TAIL.sub("", n) for n in raw}
     labels = range_labels(sorted(set(norm.values())), book)
@@ -142,6 +140,17 @@ def _host_ranges(events: pl.DataFrame, gpu: pl.DataFrame, win: pl.DataFrame, *, 
                           src.alias("source"))
             .drop("ts_ns", "dur_ns")
             .sort(["rank", "tid", "start", "end"], descending=[False, False, False, True]))
+
+
+def _in_span(span: pl.DataFrame, ts: str, dur: str) -> pl.Expr:
+    """Rows of a rank overlapping its span (rank, _lo, _hi): one filter over the events, no join
+    (the ranks of one diagnosis are few; the many-rank path reads one rank at a time)."""
+    cond = pl.lit(False)
+    for rank, lo, hi in span.select("rank", "_lo", "_hi").iter_rows():
+        if lo is not None and hi is not None:
+            cond = cond | ((pl.col("rank") == rank) & (pl.col(ts) <= hi)
+                           & (pl.col(ts) + pl.col(dur) >= lo))
+    return cond
 
 
 def _markers(ranges: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
@@ -377,35 +386,41 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
     items = items.with_columns(cl.alias("_cl")).with_columns(
         (brk | pl.col("_cl") | pl.col("_cl").shift(1)).fill_null(True).alias("_brk"))
     items = items.with_columns(pl.col("_brk").cum_sum().alias("_run"))
-    heads = items.filter(pl.col("_brk")).select(*cols, "_cl")
+    heads = items.filter(pl.col("_brk")).select(
+        *cols, "_cl", pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1))
+                                         for c in cols[:3]]).fill_null(True).alias("_new"))
     nrun = heads.height
-    hk = list(zip(*(heads.get_column(c).to_list() for c in cols), heads.get_column("_cl").to_list(),
+    hk = list(zip(*(heads.get_column(c).to_list() for c in cols[3:]), heads.get_column("_cl").to_list(),
                   strict=True))
+    streams = [*np.flatnonzero(heads.get_column("_new").to_numpy()).tolist(), nrun]
+    stream_keys = heads.select(cols[:3]).rows()
+    # per signature index (NONE, −1, reads the sentinel at the end)
+    first = [x.phases[0] if x.phases else None for x in sig] + [None]
+    cands = [x.phases for x in sig] + [None]
+    weak = [x.weak for x in sig] + [False]
     phase: list[str | None] = [None] * nrun
     src: list[str | None] = [None] * nrun
     layer = np.full(nrun + 1, -1, dtype=np.int64)
     passes: dict[int, dict[str, list[int]]] = {}
-    start = 0
-    while start < nrun:
-        stop = start
-        while stop < nrun and hk[stop][:3] == hk[start][:3]:
-            stop += 1
+    for start, stop in pairwise(streams):
         runs: list[_Run] = []
         for i in range(start, stop):
-            _, _, _, de, dsrc, am, bnd, closing = hk[i]
-            d = sig[de].phases[0] if de != NONE else None
-            c = sig[am].phases if (d is None and am != NONE) else None
-            runs.append(_Run(i, i + 1, d, c, c is not None and sig[am].weak, bool(closing), bnd,
-                             dsrc if d is not None else None))
+            de, dsrc, am, bnd, closing = hk[i]
+            d = first[de]
+            if d is None:
+                c = cands[am]
+                runs.append(_Run(i, i + 1, None, c, c is not None and weak[am], bool(closing), bnd,
+                                 None))
+            else:
+                runs.append(_Run(i, i + 1, d, None, False, bool(closing), bnd, dsrc))
         counts = resolve_stream(runs, book, layers_per_pass)
-        rank, _, st = hk[start][:3]
+        rank, _, st = stream_keys[start]
         if st != 1:
             passes.setdefault(int(rank), {}).setdefault("backward" if st == 2 else "forward",
                                                         []).extend(counts)
         for r in runs:
             phase[r.start], src[r.start] = r.phase, r.src
             layer[r.start] = -1 if r.layer is None else r.layer
-        start = stop
     run = items.get_column("_run").to_numpy() - 1
     items = items.with_columns(
         pl.Series("phase", phase, dtype=pl.String).gather(run).alias("phase"),
