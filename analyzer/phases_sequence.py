@@ -300,18 +300,24 @@ def _with_range_labels(items: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFram
 
 
 def _with_kernel_labels(items: pl.DataFrame, book: PhaseBook) -> pl.DataFrame:
-    keys = items.select("kclass", "name", "pg_role").unique().rows()
+    """`k_def`, `k_amb`, `k_bnd` of each item's GPU key (kclass, name, pg_role): labelled once per
+    distinct key, handed to the items by row number (no join on three string columns)."""
+    by = ["kclass", "name", "pg_role"]
+    groups = items.select(by).with_row_index("_i").group_by(by).agg("_i")
+    keys = groups.select(by).rows()
     lab = kernel_labels(keys, book)
-    rows = [(*k, *lab[k]) for k in keys]
-    frame = pl.DataFrame(rows, schema={"kclass": pl.String, "name": pl.String, "pg_role": pl.String,
-                                       "k_def": pl.Int32, "k_amb": pl.Int32, "k_bnd": pl.Boolean},
-                         orient="row")
-    out = items.join(frame, on=["kclass", "name", "pg_role"], how="left", nulls_equal=True,
-                     maintain_order="left")
-    marker = pl.col("item") == "marker"
-    return out.with_columns(pl.when(marker).then(pl.lit(NONE)).otherwise(pl.col("k_def")).alias("k_def"),
-                            pl.when(marker).then(pl.lit(NONE)).otherwise(pl.col("k_amb")).alias("k_amb"),
-                            pl.col("k_bnd").fill_null(False))
+    k_def = np.full(items.height, NONE, dtype=np.int32)
+    k_amb = np.full(items.height, NONE, dtype=np.int32)
+    k_bnd = np.zeros(items.height, dtype=bool)
+    rows = groups.get_column("_i").explode().to_numpy()
+    code = np.repeat(np.arange(len(keys)), groups.get_column("_i").list.len().to_numpy())
+    per = np.array([lab[k] for k in keys], dtype=np.int64).reshape(len(keys), 3)
+    k_def[rows], k_amb[rows], k_bnd[rows] = per[code, 0], per[code, 1], per[code, 2] != 0
+    marker = (items.get_column("item") == "marker").to_numpy()
+    k_def[marker] = NONE
+    k_amb[marker] = NONE
+    return items.with_columns(pl.Series("k_def", k_def), pl.Series("k_amb", k_amb),
+                              pl.Series("k_bnd", k_bnd))
 
 
 def _with_direction(items: pl.DataFrame, ranges: pl.DataFrame,
