@@ -25,6 +25,7 @@ thread tells: the thread that launched the step's first work runs forward, other
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -381,8 +382,10 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
     order = pl.when(stream == 2).then(-t).otherwise(t)
     order2 = pl.when(stream == 2).then(-pl.col("ts_ns")).otherwise(pl.col("ts_ns"))
     items = items.with_columns(stream.alias("_stream"), order.alias("_o1"), order2.alias("_o2"),
-                               pl.col("tid").fill_null(-1).alias("_tid")).sort(
-        ["rank", "_tid", "_stream", "_o1", "_o2"])
+                               pl.col("tid").fill_null(-1).alias("_tid"))
+    # one stable numpy sort of the five keys, one gather (a polars multi-key sort row-encodes)
+    keys = [items.get_column(c).to_numpy() for c in ("_o2", "_o1", "_stream", "_tid", "rank")]
+    items = items[np.lexsort(keys)]
     # Runs: consecutive items of one stream with the same labels, found by polars; Python walks
     # the runs only (a pass has far fewer runs than kernels).
     closes = [i for i, s in enumerate(sig) if s.closes]
@@ -571,12 +574,11 @@ def _resolve_block(block: list[_Run], kind, spreads: dict[str, bool], before: st
             if opts is None:
                 opts = options[r.cands] = [j for j, q in enumerate(seq) if q in r.cands]
             if opts:
-                fits = [j for j in opts if cursor <= j <= nxt[i]]
-                behind = [j for j in opts if j < cursor]
-                if fits:
-                    cursor = fits[0]
-                elif behind:  # a phase already passed (the all-gather dispatcher permutes after
-                    cursor = behind[-1]  # its gather): the nearest behind
+                at_or_after = bisect_left(opts, cursor)  # opts ascend
+                if at_or_after < len(opts) and opts[at_or_after] <= nxt[i]:
+                    cursor = opts[at_or_after]  # the first at or after the cursor
+                elif at_or_after:  # a phase already passed (the all-gather dispatcher permutes
+                    cursor = opts[at_or_after - 1]  # after its gather): the nearest behind
                 elif nxt[i] < len(seq):
                     cursor = nxt[i]
                 else:
