@@ -136,11 +136,14 @@ def _host_ranges(events: pl.DataFrame, gpu: pl.DataFrame, win: pl.DataFrame, *, 
     src = (pl.when(pl.col("kind") == "python").then(pl.lit("stack"))
            .when((pl.col("kind") == "annotation") & (fmt == "nsys")).then(pl.lit("nvtx"))
            .otherwise(pl.lit("scope")))
-    return (host.join(lab, on="name", how="inner")
-            .with_columns(pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
-                          src.alias("source"))
-            .drop("ts_ns", "dur_ns")
-            .sort(["rank", "tid", "start", "end"], descending=[False, False, False, True]))
+    out = (host.filter(pl.col("name").is_in(keep)).join(lab, on="name", how="inner")
+           .with_columns(pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
+                         src.alias("source"))
+           .drop("ts_ns", "dur_ns"))
+    # (rank, tid, start, −end) by one stable numpy sort of the integer columns
+    low = np.iinfo(np.int64).min  # a null thread first, as a polars sort puts it
+    keys = [out.get_column(c).fill_null(low).to_numpy() for c in ("end", "start", "tid", "rank")]
+    return out[np.lexsort([-keys[0], *keys[1:]])]
 
 
 def _in_span(span: pl.DataFrame, ts: str, dur: str) -> pl.Expr:

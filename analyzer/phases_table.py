@@ -50,7 +50,7 @@ def phase_times(items: pl.DataFrame, win: pl.DataFrame) -> tuple[pl.DataFrame, p
              .when(pl.col("direction") == "recompute").then(1).otherwise(0))
     code = lambda by: pl.struct(by).rank("dense").cast(pl.Int64) - 1  # noqa: E731
     f = items.select(
-        "rank", code(KEY).alias("_k"), *(code(by).alias(f"_b_{n}") for n, by in _BUSY.items()),
+        "rank", code(KEY).alias("_k"),
         (pl.col("item") == "gpu").alias("_gpu"), (pl.col("item") == "marker").alias("_mk"),
         "ts_ns", "end_ns", level.alias("_lv"), (pl.col("kind") == "kernel").alias("_kern"),
         pl.col("launch_ts").is_not_null().alias("_has_launch"), pl.col("launch_ts").fill_null(0),
@@ -59,6 +59,9 @@ def phase_times(items: pl.DataFrame, win: pl.DataFrame) -> tuple[pl.DataFrame, p
         pl.col("correlation").fill_null(0))
     a = {c: f.get_column(c).to_numpy() for c in f.columns}
     key_rows = _first_rows(items, a["_k"], KEY)
+    # a busy grouping's code is a function of the KEY code: coded on the few key rows
+    by_key = key_rows.select(*(code(by).alias(n) for n, by in _BUSY.items()))
+    a.update({f"_b_{n}": by_key.get_column(n).to_numpy()[a["_k"]] for n in _BUSY})
     adds, busies = [], []
     for w in win.sort("rank").iter_rows(named=True):
         mine = a["rank"] == w["rank"]
@@ -101,11 +104,8 @@ def _rank_times(a: dict[str, np.ndarray], mine: np.ndarray, w: dict) -> dict:
     i, j = np.searchsorted(times, s), np.searchsorted(times, e)
     seg = np.diff(times).astype(np.float64)
     nseg = len(seg)
-    cnt = np.zeros((4, nseg + 1), dtype=np.int64)
-    for lv in range(4):
-        m = level == lv
-        np.add.at(cnt[lv], i[m], 1)
-        np.add.at(cnt[lv], j[m], -1)
+    cnt = np.stack([np.bincount(i[level == lv], minlength=nseg + 1)
+                    - np.bincount(j[level == lv], minlength=nseg + 1) for lv in range(4)])
     cnt = np.cumsum(cnt, axis=1)[:, :nseg]
     busy_any = cnt > 0
     top = np.where(busy_any.any(axis=0), np.argmax(busy_any, axis=0), -1)
@@ -125,7 +125,7 @@ def _rank_times(a: dict[str, np.ndarray], mine: np.ndarray, w: dict) -> dict:
         owner = np.full(len(times) + 1, -1, dtype=np.int64)
         owner[first_at] = order[where]
         who = owner[gaps + 1]
-        np.add.at(idle, who[who >= 0], seg[gaps][who >= 0])
+        idle += np.bincount(who[who >= 0], seg[gaps][who >= 0], len(s))
         tail = float(seg[gaps][who < 0].sum())
     out = {"exposed_ns": np.bincount(k, exposed, n), "idle_ns": np.bincount(k, idle, n),
            "kernels": np.bincount(k, a["_kern"][rows], n).astype(np.int64),
