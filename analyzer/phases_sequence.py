@@ -73,9 +73,11 @@ def label_items(events: pl.DataFrame, win: pl.DataFrame, *, book: PhaseBook,
     The items are the GPU rows inside a rank's median GPU window and those launched in its host
     step: the window may leave out the start of the step's work (a profiler's GPU range can
     start late), and the layer pass is only read right from its beginning."""
-    launches = (events.lazy().filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
-                .join(win.lazy().select("rank", "start_ns", "end_ns"), on="rank", how="inner")
-                .filter((pl.col("ts_ns") >= pl.col("start_ns")) & (pl.col("ts_ns") < pl.col("end_ns")))
+    in_step = pl.lit(False)  # the ranks are few: one filter, no join
+    for rank, lo, hi in win.select("rank", "start_ns", "end_ns").iter_rows():
+        in_step = in_step | ((pl.col("rank") == rank) & (pl.col("ts_ns") >= lo) & (pl.col("ts_ns") < hi))
+    launches = (events.lazy().filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()
+                                     & in_step)
                 .group_by("rank", "correlation")
                 .agg(pl.col("tid").first(), pl.col("ts_ns").min().alias("launch_ts"),
                      (pl.col("ts_ns") + pl.col("dur_ns")).min().alias("launch_end")).collect())
@@ -514,10 +516,13 @@ def _kind(block: list[_Run], book: PhaseBook):  # -> Block | None
     """The first block kind one of the block's definite labels is in, else the first kind that
     holds every phase its ambiguous labels have in common (a GEMM and a softmax: attention),
     else the first that has a phase for each of them, else None."""
-    for k in book.blocks:
-        if any(r.definite is not None and r.definite in k.when for r in block):
-            return k
-    sets = [set(r.cands) for r in block if r.cands is not None and not r.weak]
+    defs = {r.definite for r in block if r.definite is not None}
+    if defs:
+        for k in book.blocks:
+            if not defs.isdisjoint(k.when):
+                return k
+    sets = list({r.cands for r in block if r.cands is not None and not r.weak})
+    sets = [set(c) for c in sets]
     if not sets:
         return None
     common = set.intersection(*sets)
