@@ -407,7 +407,7 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
     hk = list(zip(*(heads.get_column(c).to_list() for c in cols[3:]), heads.get_column("_cl").to_list(),
                   strict=True))
     streams = [*np.flatnonzero(heads.get_column("_new").to_numpy()).tolist(), nrun]
-    stream_keys = heads.select(cols[:3]).rows()
+    stream_keys = heads.filter(pl.col("_new")).select(cols[:3]).rows()  # one per stream
     # per signature index (NONE, −1, reads the sentinel at the end)
     first = [x.phases[0] if x.phases else None for x in sig] + [None]
     cands = [x.phases for x in sig] + [None]
@@ -416,7 +416,7 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
     src: list[str | None] = [None] * nrun
     layer = np.full(nrun + 1, -1, dtype=np.int64)
     passes: dict[int, dict[str, list[int]]] = {}
-    for start, stop in pairwise(streams):
+    for (start, stop), (rank, _, st) in zip(pairwise(streams), stream_keys, strict=True):
         runs: list[_Run] = []
         for i in range(start, stop):
             de, dsrc, am, bnd, closing = hk[i]
@@ -428,7 +428,6 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
             else:
                 runs.append(_Run(i, i + 1, d, None, False, bool(closing), bnd, dsrc))
         counts = resolve_stream(runs, book, layers_per_pass)
-        rank, _, st = stream_keys[start]
         if st != 1:
             passes.setdefault(int(rank), {}).setdefault("backward" if st == 2 else "forward",
                                                         []).extend(counts)
