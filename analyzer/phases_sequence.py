@@ -73,11 +73,10 @@ def label_items(events: pl.DataFrame, win: pl.DataFrame, *, book: PhaseBook,
     The items are the GPU rows inside a rank's median GPU window and those launched in its host
     step: the window may leave out the start of the step's work (a profiler's GPU range can
     start late), and the layer pass is only read right from its beginning."""
-    in_step = pl.lit(False)  # the ranks are few: one filter, no join
-    for rank, lo, hi in win.select("rank", "start_ns", "end_ns").iter_rows():
-        in_step = in_step | ((pl.col("rank") == rank) & (pl.col("ts_ns") >= lo) & (pl.col("ts_ns") < hi))
-    launches = (events.lazy().filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()
-                                     & in_step)
+    runtime = events.lazy().filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+    launches = (per_rank(runtime, win.select("rank", pl.col("start_ns").alias("_lo"),
+                                             pl.col("end_ns").alias("_hi")),
+                         lambda lo, hi: (pl.col("ts_ns") >= lo) & (pl.col("ts_ns") < hi))
                 .group_by("rank", "correlation")
                 .agg(pl.col("tid").first(), pl.col("ts_ns").min().alias("launch_ts"),
                      (pl.col("ts_ns") + pl.col("dur_ns")).min().alias("launch_end")).collect())
@@ -123,8 +122,10 @@ def _host_ranges(events: pl.DataFrame, gpu: pl.DataFrame, win: pl.DataFrame, *, 
     host_rows = pl.col("kind").is_in(HOST_KINDS) & pl.col("dur_ns").is_not_null()
     # the host rows of the span first (integer compares), then their distinct names: most are
     # ops no signature names, dropped by name before any other work on them
-    host = events.lazy().filter(host_rows & _in_span(span.collect(), "ts_ns", "dur_ns")).select(
-        "rank", "tid", "ts_ns", "dur_ns", pl.col("kind").cast(pl.String), "name").collect()
+    host = per_rank(events.lazy().filter(host_rows), span.collect(),
+                    lambda lo, hi: (pl.col("ts_ns") <= hi) & (pl.col("ts_ns") + pl.col("dur_ns") >= lo)
+                    ).select("rank", "tid", "ts_ns", "dur_ns", pl.col("kind").cast(pl.String),
+                             "name").collect()
     raw = host.get_column("name").unique().drop_nulls().to_list()
     norm = {n: _NVTX_TAIL.sub("", n) for n in raw}
     labels = range_labels(sorted(set(norm.values())), book)
@@ -148,15 +149,21 @@ def _host_ranges(events: pl.DataFrame, gpu: pl.DataFrame, win: pl.DataFrame, *, 
     return out[np.lexsort([-keys[0], *keys[1:]])]
 
 
-def _in_span(span: pl.DataFrame, ts: str, dur: str) -> pl.Expr:
-    """Rows of a rank overlapping its span (rank, _lo, _hi): one filter over the events, no join
-    (the ranks of one diagnosis are few; the many-rank path reads one rank at a time)."""
-    cond = pl.lit(False)
-    for rank, lo, hi in span.select("rank", "_lo", "_hi").iter_rows():
+FEW_RANKS = 16  # up to this many ranks a filter expression per rank, more: a join
+
+
+def per_rank(lf: pl.LazyFrame, bounds: pl.DataFrame, cond) -> pl.LazyFrame:
+    """The rows of `lf` for which `cond(lo, hi)` holds with their rank's bounds (`bounds`: rank,
+    _lo, _hi; a rank with a null bound keeps none). With few ranks one filter over the rows,
+    no join: the join's fixed cost is most of the time on one diagnosis' few ranks."""
+    if bounds.height > FEW_RANKS:
+        return (lf.join(bounds.lazy(), on="rank", how="inner")
+                .filter(cond(pl.col("_lo"), pl.col("_hi"))).drop("_lo", "_hi"))
+    keep = pl.lit(False)
+    for rank, lo, hi in bounds.select("rank", "_lo", "_hi").iter_rows():
         if lo is not None and hi is not None:
-            cond = cond | ((pl.col("rank") == rank) & (pl.col(ts) <= hi)
-                           & (pl.col(ts) + pl.col(dur) >= lo))
-    return cond
+            keep = keep | ((pl.col("rank") == rank) & cond(pl.lit(lo), pl.lit(hi)))
+    return lf.filter(keep)
 
 
 def _markers(ranges: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
