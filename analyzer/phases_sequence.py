@@ -411,36 +411,35 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
         *cols, "_cl", pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1))
                                          for c in cols[:3]]).fill_null(True).alias("_new"))
     nrun = heads.height
-    hk = list(zip(*(heads.get_column(c).to_list() for c in cols[3:]), heads.get_column("_cl").to_list(),
-                  strict=True))
     streams = [*np.flatnonzero(heads.get_column("_new").to_numpy()).tolist(), nrun]
     stream_keys = heads.filter(pl.col("_new")).select(cols[:3]).rows()  # one per stream
     # per signature index (NONE, −1, reads the sentinel at the end)
     first = [x.phases[0] if x.phases else None for x in sig] + [None]
     cands = [x.phases for x in sig] + [None]
     weak = [x.weak for x in sig] + [False]
+    # each run's fields, as lists (a run with a definite label carries no candidates)
+    de, am = heads.get_column("_def").to_list(), heads.get_column("_amb").to_list()
+    d_of = [first[x] for x in de]
+    c_of = [None if d is not None else cands[x] for d, x in zip(d_of, am, strict=True)]
+    w_of = [d is None and weak[x] for d, x in zip(d_of, am, strict=True)]
+    s_of = [s if d is not None else None
+            for d, s in zip(d_of, heads.get_column("_def_src").to_list(), strict=True)]
+    cl_of = heads.get_column("_cl").to_list()
+    b_of = heads.get_column("_bnd").to_list()
     phase: list[str | None] = [None] * nrun
     src: list[str | None] = [None] * nrun
     layer = np.full(nrun + 1, -1, dtype=np.int64)
     passes: dict[int, dict[str, list[int]]] = {}
     for (start, stop), (rank, _, st) in zip(pairwise(streams), stream_keys, strict=True):
-        runs: list[_Run] = []
-        for i in range(start, stop):
-            de, dsrc, am, bnd, closing = hk[i]
-            d = first[de]
-            if d is None:
-                c = cands[am]
-                runs.append(_Run(i, i + 1, None, c, c is not None and weak[am], bool(closing), bnd,
-                                 None))
-            else:
-                runs.append(_Run(i, i + 1, d, None, False, bool(closing), bnd, dsrc))
+        runs = [_Run(i, i + 1, d_of[i], c_of[i], w_of[i], bool(cl_of[i]), b_of[i], s_of[i])
+                for i in range(start, stop)]
         counts = resolve_stream(runs, book, layers_per_pass)
         if st != 1:
             passes.setdefault(int(rank), {}).setdefault("backward" if st == 2 else "forward",
                                                         []).extend(counts)
-        for r in runs:
-            phase[r.start], src[r.start] = r.phase, r.src
-            layer[r.start] = -1 if r.layer is None else r.layer
+        phase[start:stop] = [r.phase for r in runs]
+        src[start:stop] = [r.src for r in runs]
+        layer[start:stop] = [-1 if r.layer is None else r.layer for r in runs]
     run = items.get_column("_run").to_numpy() - 1
     items = items.with_columns(
         pl.Series("phase", phase, dtype=pl.String).gather(run).alias("phase"),
