@@ -25,11 +25,14 @@ thread tells: the thread that launched the step's first work runs forward, other
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import polars as pl
 from moetune.analyzer.classify import KernelClasses, with_pg_role
+from moetune.analyzer.enclosing_ranges import innermost, pack
 from moetune.analyzer.frames import GPU_KINDS
 from moetune.analyzer.phases_book import NONE, PhaseBook, kernel_labels, matcher, range_labels
 
@@ -71,9 +74,10 @@ def label_items(events: pl.DataFrame, win: pl.DataFrame, *, book: PhaseBook,
     The items are the GPU rows inside a rank's median GPU window and those launched in its host
     step: the window may leave out the start of the step's work (a profiler's GPU range can
     start late), and the layer pass is only read right from its beginning."""
-    launches = (events.lazy().filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
-                .join(win.lazy().select("rank", "start_ns", "end_ns"), on="rank", how="inner")
-                .filter((pl.col("ts_ns") >= pl.col("start_ns")) & (pl.col("ts_ns") < pl.col("end_ns")))
+    runtime = events.lazy().filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+    launches = (per_rank(runtime, win.select("rank", pl.col("start_ns").alias("_lo"),
+                                             pl.col("end_ns").alias("_hi")),
+                         lambda lo, hi: (pl.col("ts_ns") >= lo) & (pl.col("ts_ns") < hi))
                 .group_by("rank", "correlation")
                 .agg(pl.col("tid").first(), pl.col("ts_ns").min().alias("launch_ts"),
                      (pl.col("ts_ns") + pl.col("dur_ns")).min().alias("launch_end")).collect())
@@ -93,15 +97,15 @@ def label_items(events: pl.DataFrame, win: pl.DataFrame, *, book: PhaseBook,
 def _gpu_items(events: pl.DataFrame, win: pl.DataFrame, comms: pl.DataFrame,
                launches: pl.DataFrame) -> pl.DataFrame:
     """GPU rows overlapping the window or launched in the host step, with their launch."""
+    # eager steps: on these few rows a lazy plan of the joins costs more than the joins
     gpu = (events.lazy().filter(pl.col("kind").is_in(GPU_KINDS) & (pl.col("dur_ns") > 0))
            .select("rank", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
                    pl.col("kind").cast(pl.String), pl.col("wall").cast(pl.String), "kclass", "name",
-                   "correlation")
-           .join(win.lazy().select("rank", "win_start_ns", "win_end_ns"), on="rank", how="inner")
-           .join(launches.lazy(), on=["rank", "correlation"], how="left")
-           .filter(((pl.col("ts_ns") < pl.col("win_end_ns")) & (pl.col("end_ns") > pl.col("win_start_ns")))
-                   | pl.col("launch_ts").is_not_null())
-           .drop("win_start_ns", "win_end_ns").collect())
+                   "correlation").collect()
+           .join(win.select("rank", "win_start_ns", "win_end_ns"), on="rank", how="inner")
+           .join(launches, on=["rank", "correlation"], how="left"))
+    gpu = gpu.filter(((pl.col("ts_ns") < pl.col("win_end_ns")) & (pl.col("end_ns") > pl.col("win_start_ns")))
+                     | pl.col("launch_ts").is_not_null()).drop("win_start_ns", "win_end_ns")
     return with_pg_role(gpu, comms).with_columns(pl.lit("gpu").alias("item"))
 
 
@@ -117,19 +121,17 @@ def _host_ranges(events: pl.DataFrame, gpu: pl.DataFrame, win: pl.DataFrame, *, 
             .select("rank", pl.min_horizontal("_lo", "start_ns").alias("_lo"),
                     pl.max_horizontal("_hi", "end_ns").alias("_hi")))
     host_rows = pl.col("kind").is_in(HOST_KINDS) & pl.col("dur_ns").is_not_null()
-    # the distinct names first: most host rows are ops no signature names, dropped by name
-    # before any other work on them
-    raw = events.lazy().filter(host_rows).select(pl.col("name").unique()).collect().get_column(
-        "name").drop_nulls().to_list()
+    # the host rows of the span first (integer compares), then their distinct names: most are
+    # ops no signature names, dropped by name before any other work on them
+    host = per_rank(events.lazy().filter(host_rows), span.collect(),
+                    lambda lo, hi: (pl.col("ts_ns") <= hi) & (pl.col("ts_ns") + pl.col("dur_ns") >= lo)
+                    ).select("rank", "tid", "ts_ns", "dur_ns", pl.col("kind").cast(pl.String),
+                             "name").collect()
+    raw = host.get_column("name").unique().drop_nulls().to_list()
     norm = {n: _NVTX_TAIL.sub("", n) for n in raw}
     labels = range_labels(sorted(set(norm.values())), book)
     bwd = matcher(classes.backward_ops)
     keep = [n for n in raw if norm[n] in labels or bwd(norm[n])]
-    host = (events.lazy().filter(host_rows & pl.col("name").is_in(keep))
-            .select("rank", "tid", "ts_ns", "dur_ns", pl.col("kind").cast(pl.String), "name")
-            .join(span, on="rank", how="inner")
-            .filter((pl.col("ts_ns") <= pl.col("_hi")) & (pl.col("ts_ns") + pl.col("dur_ns") >= pl.col("_lo")))
-            .drop("_lo", "_hi").collect())
     rows = [(n, *labels.get(norm[n], (NONE, NONE, False, False, None)), bwd(norm[n])) for n in keep]
     lab = pl.DataFrame(rows, schema={"name": pl.String, "def_sig": pl.Int32, "amb_sig": pl.Int32,
                                      "boundary": pl.Boolean, "marker": pl.Boolean,
@@ -138,11 +140,31 @@ def _host_ranges(events: pl.DataFrame, gpu: pl.DataFrame, win: pl.DataFrame, *, 
     src = (pl.when(pl.col("kind") == "python").then(pl.lit("stack"))
            .when((pl.col("kind") == "annotation") & (fmt == "nsys")).then(pl.lit("nvtx"))
            .otherwise(pl.lit("scope")))
-    return (host.join(lab, on="name", how="inner")
-            .with_columns(pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
-                          src.alias("source"))
-            .drop("ts_ns", "dur_ns")
-            .sort(["rank", "tid", "start", "end"], descending=[False, False, False, True]))
+    out = (host.filter(pl.col("name").is_in(keep)).join(lab, on="name", how="inner")
+           .with_columns(pl.col("ts_ns").alias("start"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("end"),
+                         src.alias("source"))
+           .drop("ts_ns", "dur_ns"))
+    # (rank, tid, start, −end) by one stable numpy sort of the integer columns
+    low = np.iinfo(np.int64).min  # a null thread first, as a polars sort puts it
+    keys = [out.get_column(c).fill_null(low).to_numpy() for c in ("end", "start", "tid", "rank")]
+    return out[np.lexsort([-keys[0], *keys[1:]])]
+
+
+FEW_RANKS = 16  # up to this many ranks a filter expression per rank, more: a join
+
+
+def per_rank(lf: pl.LazyFrame, bounds: pl.DataFrame, cond) -> pl.LazyFrame:
+    """The rows of `lf` for which `cond(lo, hi)` holds with their rank's bounds (`bounds`: rank,
+    _lo, _hi; a rank with a null bound keeps none). With few ranks one filter over the rows,
+    no join: the join's fixed cost is most of the time on one diagnosis' few ranks."""
+    if bounds.height > FEW_RANKS:
+        return (lf.join(bounds.lazy(), on="rank", how="inner")
+                .filter(cond(pl.col("_lo"), pl.col("_hi"))).drop("_lo", "_hi"))
+    keep = pl.lit(False)
+    for rank, lo, hi in bounds.select("rank", "_lo", "_hi").iter_rows():
+        if lo is not None and hi is not None:
+            keep = keep | ((pl.col("rank") == rank) & cond(pl.lit(lo), pl.lit(hi)))
+    return lf.filter(keep)
 
 
 def _markers(ranges: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
@@ -155,113 +177,6 @@ def _markers(ranges: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
                     pl.col("start").alias("launch_ts"), pl.col("end").alias("launch_end"))
 
 
-# ------------------------------------------------------------------------------ enclosing ranges
-
-
-@dataclass(frozen=True, slots=True)
-class _Packed:
-    """Ranges and points with (thread, time) packed into one Int64 each (see `innermost`)."""
-
-    s: np.ndarray   # range starts, packed
-    e: np.ndarray   # range ends, packed
-    pt: np.ndarray  # points, packed (only the points that have a thread and a time)
-    pi: np.ndarray  # their row numbers among the points
-    span: int
-
-
-def _pack(points: pl.DataFrame, ranges: pl.DataFrame, at: str) -> _Packed | None:
-    thr = pl.concat([ranges.select("rank", "tid"), points.select("rank", "tid")]).unique()
-    thr = thr.drop_nulls().with_row_index("_th").with_columns(pl.col("_th").cast(pl.Int64))
-    ts = [x for x in (ranges.get_column("start").min(), points.get_column(at).min()) if x is not None]
-    te = [x for x in (ranges.get_column("end").max(), points.get_column(at).max()) if x is not None]
-    t0, t1 = int(min(ts)), int(max(te))
-    span = 1 << max((t1 - t0 + 2).bit_length(), 1)
-    if span * (thr.height + 1) >= 1 << 62:
-        return None
-    r = ranges.select("rank", "tid", "start", "end").join(thr, on=["rank", "tid"], how="left",
-                                                          maintain_order="left")
-    base = r.get_column("_th").to_numpy() * span - t0
-    p = points.select("rank", "tid", pl.col(at).alias("_t")).with_row_index("_pi").join(
-        thr, on=["rank", "tid"], how="left", maintain_order="left").filter(
-        pl.col("_t").is_not_null() & pl.col("_th").is_not_null())
-    return _Packed(base + r.get_column("start").to_numpy(), base + r.get_column("end").to_numpy(),
-                   p.get_column("_th").to_numpy() * span - t0 + p.get_column("_t").to_numpy(),
-                   p.get_column("_pi").to_numpy(), span)
-
-
-def innermost(points: pl.DataFrame, ranges: pl.DataFrame, *, at: str = "launch_ts",
-              mask: np.ndarray | None = None, packed: _Packed | None = None) -> np.ndarray:
-    """For each row of `points` (rank, tid, `at`), the row index in `ranges` (rank, tid, start,
-    end) of the innermost range containing the point (start ≤ t < end), −1 when none does;
-    `mask`: only those ranges count. Ranges nest on a thread (profilers and NVTX push and pop).
-
-    Vectorised through nesting depth: a range's depth is the number of earlier ranges of its
-    thread still open where it starts; the ranges open at t number opened − closed by t; the
-    innermost one containing t is the latest-starting range at depth (open − 1) that started by
-    t. Thread and time are packed into one Int64 so that one sorted search serves all threads."""
-    n = points.height
-    out = np.full(n, -1, dtype=np.int64)
-    if n == 0 or ranges.height == 0:
-        return out
-    pk = packed if packed is not None else _pack(points, ranges, at)
-    if pk is None:
-        return _innermost_slow(points, ranges if mask is None else ranges.filter(mask), at=at,
-                               rows=np.flatnonzero(mask) if mask is not None else None)
-    rows = np.flatnonzero(mask) if mask is not None else np.arange(len(pk.s))
-    if len(rows) == 0 or len(pk.pt) == 0:
-        return out
-    s, e, span = pk.s[rows], pk.e[rows], pk.span
-    order = np.lexsort((-e, s))  # (thread, start) packed in s; outer first on ties
-    s_sorted = s[order]
-    ends = np.sort(e)
-    lo_r = (s_sorted // span) * span
-    # depth: earlier ranges of the thread still open where this one starts
-    first = np.searchsorted(s_sorted, lo_r, side="left")
-    closed = np.searchsorted(ends, s_sorted, side="right") - np.searchsorted(ends, lo_r, side="left")
-    depth = (np.arange(len(s_sorted)) - first) - closed
-    pt = pk.pt
-    lo = (pt // span) * span
-    opened = np.searchsorted(s_sorted, pt, side="right") - np.searchsorted(s_sorted, lo, side="left")
-    closed_p = np.searchsorted(ends, pt, side="right") - np.searchsorted(ends, lo, side="left")
-    want = opened - closed_p - 1
-    res = np.full(len(pt), -1, dtype=np.int64)
-    ok = want >= 0
-    if ok.any():
-        # the latest range started by t at the wanted depth: ranges ordered by (depth, start)
-        by_depth = np.lexsort((s_sorted, depth))
-        dk, sk = depth[by_depth], s_sorted[by_depth]
-        wanted, tt = want[ok], pt[ok]
-        found = np.full(len(wanted), -1, dtype=np.int64)
-        for d in np.unique(wanted):
-            m = wanted == d
-            a, b = np.searchsorted(dk, d, side="left"), np.searchsorted(dk, d, side="right")
-            j = np.searchsorted(sk[a:b], tt[m], side="right") - 1
-            found[m] = np.where(j >= 0, a + j, -1)
-        good = found >= 0
-        cand = np.where(good, order[by_depth[np.where(good, found, 0)]], -1)
-        inside = good & (e[np.where(good, cand, 0)] > tt) & (s[np.where(good, cand, 0)] <= tt)
-        res[ok] = np.where(inside, rows[np.where(inside, cand, 0)], -1)
-    out[pk.pi] = res
-    return out
-
-
-def _innermost_slow(points: pl.DataFrame, ranges: pl.DataFrame, *, at: str,
-                    rows: np.ndarray | None = None) -> np.ndarray:
-    """`innermost` for times that do not pack: per point, the containing range of smallest span
-    (`rows`: the row numbers these ranges have in the caller's frame)."""
-    out = np.full(points.height, -1, dtype=np.int64)
-    r = ranges.select("rank", "tid", "start", "end").with_row_index("_ri")
-    for i, (rank, tid, t) in enumerate(points.select("rank", "tid", at).iter_rows()):
-        if t is None:
-            continue
-        c = r.filter((pl.col("rank") == rank) & (pl.col("tid") == tid) & (pl.col("start") <= t)
-                     & (pl.col("end") > t)).sort(pl.col("end") - pl.col("start"))
-        if c.height:
-            k = int(c.get_column("_ri")[0])
-            out[i] = k if rows is None else int(rows[k])
-    return out
-
-
 def _with_range_labels(items: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
     """Per item, from the innermost enclosing range of its launch that has each: its definite
     label and source, ambiguous label and source, boundary (the range's start as its key),
@@ -271,7 +186,7 @@ def _with_range_labels(items: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFram
     lay = cols.get_column("layer")
     masks = {"d": d_sig != NONE, "a": a_sig != NONE, "b": cols.get_column("boundary").to_numpy(),
              "l": lay.is_not_null().to_numpy(), "w": cols.get_column("backward").to_numpy()}
-    pk = _pack(items, ranges, "launch_ts") if ranges.height and items.height else None
+    pk = pack(items, ranges, "launch_ts") if ranges.height and items.height else None
     at = {k: innermost(items, ranges, mask=m, packed=pk) for k, m in masks.items()}
 
     def take(series: pl.Series, idx: np.ndarray, name: str) -> pl.Series:
@@ -289,18 +204,24 @@ def _with_range_labels(items: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFram
 
 
 def _with_kernel_labels(items: pl.DataFrame, book: PhaseBook) -> pl.DataFrame:
-    keys = items.select("kclass", "name", "pg_role").unique().rows()
+    """`k_def`, `k_amb`, `k_bnd` of each item's GPU key (kclass, name, pg_role): labelled once per
+    distinct key, handed to the items by row number (no join on three string columns)."""
+    by = ["kclass", "name", "pg_role"]
+    groups = items.select(by).with_row_index("_i").group_by(by).agg("_i")
+    keys = groups.select(by).rows()
     lab = kernel_labels(keys, book)
-    rows = [(*k, *lab[k]) for k in keys]
-    frame = pl.DataFrame(rows, schema={"kclass": pl.String, "name": pl.String, "pg_role": pl.String,
-                                       "k_def": pl.Int32, "k_amb": pl.Int32, "k_bnd": pl.Boolean},
-                         orient="row")
-    out = items.join(frame, on=["kclass", "name", "pg_role"], how="left", nulls_equal=True,
-                     maintain_order="left")
-    marker = pl.col("item") == "marker"
-    return out.with_columns(pl.when(marker).then(pl.lit(NONE)).otherwise(pl.col("k_def")).alias("k_def"),
-                            pl.when(marker).then(pl.lit(NONE)).otherwise(pl.col("k_amb")).alias("k_amb"),
-                            pl.col("k_bnd").fill_null(False))
+    k_def = np.full(items.height, NONE, dtype=np.int32)
+    k_amb = np.full(items.height, NONE, dtype=np.int32)
+    k_bnd = np.zeros(items.height, dtype=bool)
+    rows = groups.get_column("_i").explode().to_numpy()
+    code = np.repeat(np.arange(len(keys)), groups.get_column("_i").list.len().to_numpy())
+    per = np.array([lab[k] for k in keys], dtype=np.int64).reshape(len(keys), 3)
+    k_def[rows], k_amb[rows], k_bnd[rows] = per[code, 0], per[code, 1], per[code, 2] != 0
+    marker = (items.get_column("item") == "marker").to_numpy()
+    k_def[marker] = NONE
+    k_amb[marker] = NONE
+    return items.with_columns(pl.Series("k_def", k_def), pl.Series("k_amb", k_amb),
+                              pl.Series("k_bnd", k_bnd))
 
 
 def _with_direction(items: pl.DataFrame, ranges: pl.DataFrame,
@@ -364,8 +285,10 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
     order = pl.when(stream == 2).then(-t).otherwise(t)
     order2 = pl.when(stream == 2).then(-pl.col("ts_ns")).otherwise(pl.col("ts_ns"))
     items = items.with_columns(stream.alias("_stream"), order.alias("_o1"), order2.alias("_o2"),
-                               pl.col("tid").fill_null(-1).alias("_tid")).sort(
-        ["rank", "_tid", "_stream", "_o1", "_o2"])
+                               pl.col("tid").fill_null(-1).alias("_tid"))
+    # one stable numpy sort of the five keys, one gather (a polars multi-key sort row-encodes)
+    keys = [items.get_column(c).to_numpy() for c in ("_o2", "_o1", "_stream", "_tid", "rank")]
+    items = items[np.lexsort(keys)]
     # Runs: consecutive items of one stream with the same labels, found by polars; Python walks
     # the runs only (a pass has far fewer runs than kernels).
     closes = [i for i, s in enumerate(sig) if s.closes]
@@ -375,35 +298,39 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
     items = items.with_columns(cl.alias("_cl")).with_columns(
         (brk | pl.col("_cl") | pl.col("_cl").shift(1)).fill_null(True).alias("_brk"))
     items = items.with_columns(pl.col("_brk").cum_sum().alias("_run"))
-    heads = items.filter(pl.col("_brk")).select(*cols, "_cl")
+    heads = items.filter(pl.col("_brk")).select(
+        *cols, "_cl", pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1))
+                                         for c in cols[:3]]).fill_null(True).alias("_new"))
     nrun = heads.height
-    hk = list(zip(*(heads.get_column(c).to_list() for c in cols), heads.get_column("_cl").to_list(),
-                  strict=True))
+    streams = [*np.flatnonzero(heads.get_column("_new").to_numpy()).tolist(), nrun]
+    stream_keys = heads.filter(pl.col("_new")).select(cols[:3]).rows()  # one per stream
+    # per signature index (NONE, −1, reads the sentinel at the end)
+    first = [x.phases[0] if x.phases else None for x in sig] + [None]
+    cands = [x.phases for x in sig] + [None]
+    weak = [x.weak for x in sig] + [False]
+    # each run's fields, as lists (a run with a definite label carries no candidates)
+    de, am = heads.get_column("_def").to_list(), heads.get_column("_amb").to_list()
+    d_of = [first[x] for x in de]
+    c_of = [None if d is not None else cands[x] for d, x in zip(d_of, am, strict=True)]
+    w_of = [d is None and weak[x] for d, x in zip(d_of, am, strict=True)]
+    s_of = [s if d is not None else None
+            for d, s in zip(d_of, heads.get_column("_def_src").to_list(), strict=True)]
+    cl_of = heads.get_column("_cl").to_list()
+    b_of = heads.get_column("_bnd").to_list()
     phase: list[str | None] = [None] * nrun
     src: list[str | None] = [None] * nrun
     layer = np.full(nrun + 1, -1, dtype=np.int64)
     passes: dict[int, dict[str, list[int]]] = {}
-    start = 0
-    while start < nrun:
-        stop = start
-        while stop < nrun and hk[stop][:3] == hk[start][:3]:
-            stop += 1
-        runs: list[_Run] = []
-        for i in range(start, stop):
-            _, _, _, de, dsrc, am, bnd, closing = hk[i]
-            d = sig[de].phases[0] if de != NONE else None
-            c = sig[am].phases if (d is None and am != NONE) else None
-            runs.append(_Run(i, i + 1, d, c, c is not None and sig[am].weak, bool(closing), bnd,
-                             dsrc if d is not None else None))
+    for (start, stop), (rank, _, st) in zip(pairwise(streams), stream_keys, strict=True):
+        runs = [_Run(i, i + 1, d_of[i], c_of[i], w_of[i], bool(cl_of[i]), b_of[i], s_of[i])
+                for i in range(start, stop)]
         counts = resolve_stream(runs, book, layers_per_pass)
-        rank, _, st = hk[start][:3]
         if st != 1:
             passes.setdefault(int(rank), {}).setdefault("backward" if st == 2 else "forward",
                                                         []).extend(counts)
-        for r in runs:
-            phase[r.start], src[r.start] = r.phase, r.src
-            layer[r.start] = -1 if r.layer is None else r.layer
-        start = stop
+        phase[start:stop] = [r.phase for r in runs]
+        src[start:stop] = [r.src for r in runs]
+        layer[start:stop] = [-1 if r.layer is None else r.layer for r in runs]
     run = items.get_column("_run").to_numpy() - 1
     items = items.with_columns(
         pl.Series("phase", phase, dtype=pl.String).gather(run).alias("phase"),
@@ -485,10 +412,13 @@ def _kind(block: list[_Run], book: PhaseBook):  # -> Block | None
     """The first block kind one of the block's definite labels is in, else the first kind that
     holds every phase its ambiguous labels have in common (a GEMM and a softmax: attention),
     else the first that has a phase for each of them, else None."""
-    for k in book.blocks:
-        if any(r.definite is not None and r.definite in k.when for r in block):
-            return k
-    sets = [set(r.cands) for r in block if r.cands is not None and not r.weak]
+    defs = {r.definite for r in block if r.definite is not None}
+    if defs:
+        for k in book.blocks:
+            if not defs.isdisjoint(k.when):
+                return k
+    sets = list({r.cands for r in block if r.cands is not None and not r.weak})
+    sets = [set(c) for c in sets]
     if not sets:
         return None
     common = set.intersection(*sets)
@@ -548,12 +478,11 @@ def _resolve_block(block: list[_Run], kind, spreads: dict[str, bool], before: st
             if opts is None:
                 opts = options[r.cands] = [j for j, q in enumerate(seq) if q in r.cands]
             if opts:
-                fits = [j for j in opts if cursor <= j <= nxt[i]]
-                behind = [j for j in opts if j < cursor]
-                if fits:
-                    cursor = fits[0]
-                elif behind:  # a phase already passed (the all-gather dispatcher permutes after
-                    cursor = behind[-1]  # its gather): the nearest behind
+                at_or_after = bisect_left(opts, cursor)  # opts ascend
+                if at_or_after < len(opts) and opts[at_or_after] <= nxt[i]:
+                    cursor = opts[at_or_after]  # the first at or after the cursor
+                elif at_or_after:  # a phase already passed (the all-gather dispatcher permutes
+                    cursor = opts[at_or_after - 1]  # after its gather): the nearest behind
                 elif nxt[i] < len(seq):
                     cursor = nxt[i]
                 else:

@@ -20,11 +20,17 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from moetune.analyzer.intervals import END, START
 
 KEY = ["phase", "layer", "direction", "source"]
 TAIL = "idle"  # GPU idle at the step's end: waiting on no work of this step
-_LEVEL = {"compute": 0, "communication": 2, "memory": 3}
+_LEVEL = {"communication": 2, "memory": 3}  # compute (and anything else) 0, recompute 1
+# the busy unions' groupings: name → the key columns it groups by
+_BUSY = {"phase": ["phase"], "layer": ["phase", "layer"], "direction": ["phase", "direction"]}
+_ADD_SCHEMA = {"rank": pl.Int32, "phase": pl.String, "layer": pl.Int32, "direction": pl.String,
+               "source": pl.String, "exposed_ns": pl.Int64, "idle_ns": pl.Int64,
+               "kernels": pl.Int64, "launches": pl.Int64, "host_ns": pl.Int64}
+_BUSY_SCHEMA = {"rank": pl.Int32, "by": pl.String, "phase": pl.String, "layer": pl.Int32,
+                "direction": pl.String, "busy_ns": pl.Int64}
 
 
 def phase_times(items: pl.DataFrame, win: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -32,49 +38,74 @@ def phase_times(items: pl.DataFrame, win: pl.DataFrame) -> tuple[pl.DataFrame, p
 
     The first frame: rank, phase, layer, direction, source, exposed_ns, idle_ns, kernels,
     launches, host_ns. The second: rank, by (`phase`, `layer` or `direction`: the grouping),
-    phase, layer, direction, busy_ns."""
-    parts, busy = [], []
+    phase, layer, direction, busy_ns.
+
+    One polars pass gives every item its numbers and its key codes (a dense code per KEY and per
+    busy grouping); the rest is numpy per rank, summed by code: the rows are few, and a polars
+    group-by or join per rank would cost more in fixed overhead than the work."""
+    if items.height == 0 or win.height == 0:
+        return pl.DataFrame(schema=_ADD_SCHEMA), pl.DataFrame(schema=_BUSY_SCHEMA)
+    level = (pl.when(pl.col("wall") == "communication").then(2)
+             .when(pl.col("wall") == "memory").then(3)
+             .when(pl.col("direction") == "recompute").then(1).otherwise(0))
+    code = lambda by: pl.struct(by).rank("dense").cast(pl.Int64) - 1  # noqa: E731
+    f = items.select(
+        "rank", code(KEY).alias("_k"),
+        (pl.col("item") == "gpu").alias("_gpu"), (pl.col("item") == "marker").alias("_mk"),
+        "ts_ns", "end_ns", level.alias("_lv"), (pl.col("kind") == "kernel").alias("_kern"),
+        pl.col("launch_ts").is_not_null().alias("_has_launch"), pl.col("launch_ts").fill_null(0),
+        (pl.col("launch_end").is_not_null() & pl.col("tid").is_not_null()).alias("_call"),
+        pl.col("launch_end").fill_null(0), pl.col("correlation").is_null().alias("_no_corr"),
+        pl.col("correlation").fill_null(0))
+    a = {c: f.get_column(c).to_numpy() for c in f.columns}
+    key_rows = _first_rows(items, a["_k"], KEY)
+    # a busy grouping's code is a function of the KEY code: coded on the few key rows
+    by_key = key_rows.select(*(code(by).alias(n) for n, by in _BUSY.items()))
+    a.update({f"_b_{n}": by_key.get_column(n).to_numpy()[a["_k"]] for n in _BUSY})
+    adds, busies = [], []
     for w in win.sort("rank").iter_rows(named=True):
-        it = items.filter(pl.col("rank") == w["rank"])
-        parts.append(_rank_times(it, w))
-        busy.append(_rank_busy(it, w))
-    empty = pl.DataFrame(schema={"rank": pl.Int32, "phase": pl.String, "layer": pl.Int32,
-                                 "direction": pl.String, "source": pl.String,
-                                 "exposed_ns": pl.Int64, "idle_ns": pl.Int64,
-                                 "kernels": pl.Int64, "launches": pl.Int64, "host_ns": pl.Int64})
-    add = pl.concat([empty, *parts], how="diagonal_relaxed") if parts else empty
-    b = pl.concat(busy, how="diagonal_relaxed") if busy else pl.DataFrame(
-        schema={"rank": pl.Int32, "by": pl.String, "phase": pl.String, "layer": pl.Int32,
-                "direction": pl.String, "busy_ns": pl.Int64})
-    return add, b
+        mine = a["rank"] == w["rank"]
+        adds.append(_rank_times(a, mine, w))
+        busies.append(_rank_busy(items, a, mine, w))
+    add = pl.concat([_add_frame(key_rows, adds), *_tails(adds)], how="vertical_relaxed")
+    busy = pl.concat([b for b in busies if b.height] or [pl.DataFrame(schema=_BUSY_SCHEMA)],
+                     how="vertical_relaxed")
+    return add, busy
 
 
-def _clipped(it: pl.DataFrame, w: dict) -> pl.DataFrame:
-    ws, we = w["win_start_ns"], w["win_end_ns"]
-    return (it.filter(pl.col("item") == "gpu")
-            .with_columns(pl.max_horizontal("ts_ns", pl.lit(ws)).alias(START),
-                          pl.min_horizontal("end_ns", pl.lit(we)).alias(END))
-            .filter(pl.col(END) > pl.col(START)))
+def _first_rows(items: pl.DataFrame, codes: np.ndarray, cols: list[str]) -> pl.DataFrame:
+    """The `cols` values of each code (row i: code i), from the first item carrying it."""
+    _, first = np.unique(codes, return_index=True)
+    return items.select(pl.col(cols).gather(pl.Series(first, dtype=pl.Int64)))
 
 
-def _rank_times(it: pl.DataFrame, w: dict) -> pl.DataFrame:
-    rank, ws, we = w["rank"], w["win_start_ns"], w["win_end_ns"]
-    g = _clipped(it, w)
-    key_rows = g.select(KEY)
-    s, e = g.get_column(START).to_numpy(), g.get_column(END).to_numpy()
-    wall = g.get_column("wall").to_list()
-    rc = (g.get_column("direction") == "recompute").to_numpy()
-    level = np.array([_LEVEL.get(x or "compute", 0) for x in wall], dtype=np.int64)
-    level = np.where((level == 0) & rc, 1, level)
-    times = np.unique(np.concatenate([s, e, [ws, we]]))
-    a, b = np.searchsorted(times, s), np.searchsorted(times, e)
+def _clip(a: dict[str, np.ndarray], mine: np.ndarray, w: dict
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows (indices) of the rank's GPU work inside its window, and their clipped start, end."""
+    s = np.maximum(a["ts_ns"], w["win_start_ns"])
+    e = np.minimum(a["end_ns"], w["win_end_ns"])
+    rows = np.flatnonzero(mine & a["_gpu"] & (e > s))
+    return rows, s[rows], e[rows]
+
+
+def _unique_sorted(x: np.ndarray) -> np.ndarray:
+    x = np.sort(x)
+    return x[np.r_[True, x[1:] != x[:-1]]] if len(x) else x
+
+
+def _rank_times(a: dict[str, np.ndarray], mine: np.ndarray, w: dict) -> dict:
+    """One rank's sums per KEY code (exposed, idle, kernels, launches, host, which codes have a
+    row) and its tail idle."""
+    n = int(a["_k"].max()) + 1
+    rows, s, e = _clip(a, mine, w)
+    k = a["_k"][rows]
+    level = a["_lv"][rows]
+    times = _unique_sorted(np.concatenate([s, e, [w["win_start_ns"], w["win_end_ns"]]]))
+    i, j = np.searchsorted(times, s), np.searchsorted(times, e)
     seg = np.diff(times).astype(np.float64)
     nseg = len(seg)
-    cnt = np.zeros((4, nseg + 1), dtype=np.int64)
-    for lv in range(4):
-        m = level == lv
-        np.add.at(cnt[lv], a[m], 1)
-        np.add.at(cnt[lv], b[m], -1)
+    cnt = np.stack([np.bincount(i[level == lv], minlength=nseg + 1)
+                    - np.bincount(j[level == lv], minlength=nseg + 1) for lv in range(4)])
     cnt = np.cumsum(cnt, axis=1)[:, :nseg]
     busy_any = cnt > 0
     top = np.where(busy_any.any(axis=0), np.argmax(busy_any, axis=0), -1)
@@ -83,92 +114,115 @@ def _rank_times(it: pl.DataFrame, w: dict) -> pl.DataFrame:
         share = np.where(top == lv, seg / np.maximum(cnt[lv], 1), 0.0)
         f = np.concatenate([[0.0], np.cumsum(share)])
         m = level == lv
-        exposed[m] = f[b[m]] - f[a[m]]
+        exposed[m] = f[j[m]] - f[i[m]]
     # GPU idle gaps: charged to the work that ends them (the lowest level starting there)
     idle = np.zeros(len(s), dtype=np.float64)
     tail = 0.0
     gaps = np.flatnonzero(top < 0)
     if gaps.size:
-        order = np.lexsort((level, a))
-        first_at, where = np.unique(a[order], return_index=True)
+        order = np.lexsort((level, i))
+        first_at, where = np.unique(i[order], return_index=True)
         owner = np.full(len(times) + 1, -1, dtype=np.int64)
         owner[first_at] = order[where]
         who = owner[gaps + 1]
-        np.add.at(idle, who[who >= 0], seg[gaps][who >= 0])
+        idle += np.bincount(who[who >= 0], seg[gaps][who >= 0], len(s))
         tail = float(seg[gaps][who < 0].sum())
-    kern = (g.get_column("kind") == "kernel").to_numpy()
-    df = key_rows.with_columns(pl.Series("exposed_ns", exposed), pl.Series("idle_ns", idle),
-                               pl.Series("kernels", kern.astype(np.int64)))
-    launches = _launches(g)
-    host = _host(it, w)
-    out = (df.group_by(KEY).agg(pl.col("exposed_ns").sum(), pl.col("idle_ns").sum(),
-                                pl.col("kernels").sum())
-           .join(launches, on=KEY, how="full", coalesce=True, nulls_equal=True)
-           .join(host, on=KEY, how="full", coalesce=True, nulls_equal=True))
-    rows = [out]
-    if tail > 0:
-        rows.append(pl.DataFrame({"phase": [TAIL], "layer": [None], "direction": [None],
-                                  "source": ["gap"], "idle_ns": [tail]},
-                                 schema_overrides={"layer": pl.Int32, "direction": pl.String}))
-    res = pl.concat(rows, how="diagonal_relaxed").with_columns(pl.lit(rank, pl.Int32).alias("rank"))
-    return res.with_columns(
-        pl.col("exposed_ns", "idle_ns").fill_null(0.0).round(0).cast(pl.Int64),
-        pl.col("kernels", "launches", "host_ns").fill_null(0).cast(pl.Int64))
+    out = {"exposed_ns": np.bincount(k, exposed, n), "idle_ns": np.bincount(k, idle, n),
+           "kernels": np.bincount(k, a["_kern"][rows], n).astype(np.int64),
+           "rank": w["rank"], "tail": tail}
+    launched = _launches(a, rows, s)
+    out["launches"] = np.bincount(launched, minlength=n).astype(np.int64)
+    calls, charge = _host(a, mine, w)
+    out["host_ns"] = np.bincount(calls, charge, n)
+    out["present"] = np.bincount(np.concatenate([k, launched, calls]), minlength=n) > 0
+    return out
 
 
-def _launches(g: pl.DataFrame) -> pl.DataFrame:
-    """Launch calls per key: each launch of work in the window counted once, for the work it
-    launched first."""
-    la = (g.filter(pl.col("launch_ts").is_not_null()).sort(START)
-          .unique(["correlation"], keep="first", maintain_order=True))
-    return la.group_by(KEY).agg(pl.len().cast(pl.Int64).alias("launches"))
+def _launches(a: dict[str, np.ndarray], rows: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """KEY codes of the launch calls of the work in the window: each launch counted once, for
+    the work it launched first (earliest clipped start)."""
+    has = a["_has_launch"][rows]
+    r, st = rows[has], s[has]
+    order = np.lexsort((st,))  # stable: ties keep row order
+    corr = a["correlation"][r][order]
+    _, first = np.unique(corr, return_index=True)
+    return a["_k"][r[order][first]]
 
 
-def _host(it: pl.DataFrame, w: dict) -> pl.DataFrame:
-    """Host time issuing each key (module doc). The rank's launch calls (and phase markers) in
-    its host step, on every thread, in the order they returned: each is charged the time since
-    the one before it returned, so a thread waiting for another (the main thread during the
-    autograd thread's backward) is not charged the other's work, and the charges tile the span
-    from the step's host start to its last launch."""
+def _host(a: dict[str, np.ndarray], mine: np.ndarray, w: dict) -> tuple[np.ndarray, np.ndarray]:
+    """KEY codes and host time of the rank's launch calls (module doc). The rank's launch calls
+    (and phase markers) in its host step, on every thread, in the order they returned: each is
+    charged the time since the one before it returned, so a thread waiting for another (the main
+    thread during the autograd thread's backward) is not charged the other's work, and the
+    charges tile the span from the step's host start to its last launch."""
     hs, he = w["start_ns"], w["end_ns"]
-    calls = (it.filter(pl.col("launch_end").is_not_null() & pl.col("tid").is_not_null())
-             .sort("ts_ns").unique(["item", "correlation", "launch_ts"], keep="first")
-             .filter((pl.col("launch_end") > hs) & (pl.col("launch_end") <= he))
-             .sort("launch_end")
-             .with_columns(pl.col("launch_end").shift(1).fill_null(hs).alias("_prev")))
-    return calls.group_by(KEY).agg(
-        (pl.col("launch_end") - pl.col("_prev")).clip(0).sum().cast(pl.Int64).alias("host_ns"))
+    r = np.flatnonzero(mine & a["_call"])
+    # one call per (item, correlation, launch): the one of its earliest work
+    order = np.lexsort((a["ts_ns"][r], a["launch_ts"][r], a["correlation"][r], a["_no_corr"][r],
+                        a["_mk"][r]))
+    r = r[order]
+    key = np.stack([a[c][r].astype(np.int64) for c in ("_mk", "_no_corr", "correlation",
+                                                       "launch_ts")])
+    first = np.r_[True, (key[:, 1:] != key[:, :-1]).any(axis=0)] if len(r) else np.zeros(0, bool)
+    r = r[first]
+    le = a["launch_end"][r]
+    inside = (le > hs) & (le <= he)
+    r, le = r[inside], le[inside]
+    o = np.lexsort((a["ts_ns"][r], le))
+    r, le = r[o], le[o]
+    prev = np.r_[np.int64(hs), le[:-1]]
+    return a["_k"][r], np.maximum(le - prev, 0).astype(np.float64)
 
 
-def _rank_busy(it: pl.DataFrame, w: dict) -> pl.DataFrame:
+def _add_frame(key_rows: pl.DataFrame, adds: list[dict]) -> pl.DataFrame:
+    """The additive frame's rows: per rank, the codes that have work, launches or host time."""
+    codes = [np.flatnonzero(x["present"]) for x in adds]
+    vals = pl.DataFrame({
+        "rank": pl.Series(np.concatenate([np.full(len(c), x["rank"], dtype=np.int64)
+                                          for c, x in zip(codes, adds, strict=True)]), dtype=pl.Int32),
+        **{c: np.concatenate([x[c][k] for k, x in zip(codes, adds, strict=True)])
+           for c in ("exposed_ns", "idle_ns", "kernels", "launches", "host_ns")}})
+    keys = key_rows.select(pl.all().gather(pl.Series(np.concatenate(codes), dtype=pl.Int64)))
+    return pl.concat([vals.select("rank"), keys, vals.drop("rank")], how="horizontal").with_columns(
+        pl.col("exposed_ns", "idle_ns").round(0).cast(pl.Int64),
+        pl.col("kernels", "launches", "host_ns").cast(pl.Int64))
+
+
+def _tails(adds: list[dict]) -> list[pl.DataFrame]:
+    """The `idle` rows: GPU idle at a rank's window end, after the step's last work."""
+    return [pl.DataFrame({"rank": [x["rank"]], "phase": [TAIL], "layer": [None],
+                          "direction": [None], "source": ["gap"],
+                          "exposed_ns": [0], "idle_ns": [x["tail"]], "kernels": [0],
+                          "launches": [0], "host_ns": [0]},
+                         schema_overrides={"layer": pl.Int32, "direction": pl.String,
+                                           "rank": pl.Int32, "idle_ns": pl.Float64}).with_columns(
+        pl.col("idle_ns").round(0).cast(pl.Int64))
+        for x in adds if x["tail"] > 0]
+
+
+def _rank_busy(items: pl.DataFrame, a: dict[str, np.ndarray], mine: np.ndarray, w: dict
+               ) -> pl.DataFrame:
     """Union of the GPU intervals per (phase), (phase, layer) and (phase, direction), numpy:
     each grouping's intervals sorted by (group, start), a running max of their ends."""
-    g = _clipped(it, w).select("phase", "layer", "direction", START, END)
-    s, e = g.get_column(START).to_numpy(), g.get_column(END).to_numpy()
-    rows = []
-    for name, by in (("phase", ["phase"]), ("layer", ["phase", "layer"]),
-                     ("direction", ["phase", "direction"])):
-        keys = g.select(by).with_columns(pl.col("layer").fill_null(-1) if "layer" in by else [])
-        codes = keys.select(pl.struct(by).rank("dense").cast(pl.Int64)).to_series().to_numpy()
+    rows, s, e = _clip(a, mine, w)
+    out = []
+    for name, by in _BUSY.items():
+        codes = a[f"_b_{name}"][rows]
         order = np.lexsort((s, codes))
         c, ss, ee = codes[order], s[order], e[order]
-        total = np.zeros(int(c.max()) + 1 if len(c) else 1, dtype=np.int64)
         new_group = np.r_[True, c[1:] != c[:-1]] if len(c) else np.array([], dtype=bool)
         # the ends reached so far in the group, before each interval: what of it is new
         reach = _group_cummax(ee, new_group)
         prev = np.r_[np.int64(0), reach[:-1]] if len(reach) else reach
         start = np.where(new_group, ss, np.maximum(ss, prev))
-        np.add.at(total, c, np.maximum(ee - start, 0))
-        first = keys.with_columns(pl.Series("_c", codes)).unique("_c").sort("_c")
-        for row in first.iter_rows(named=True):
-            rows.append({"by": name, "phase": row["phase"],
-                         "layer": None if row.get("layer", -1) == -1 else row.get("layer"),
-                         "direction": row.get("direction"), "busy_ns": int(total[row["_c"]])})
-    return pl.DataFrame(rows, schema={"by": pl.String, "phase": pl.String, "layer": pl.Int32,
-                                      "direction": pl.String, "busy_ns": pl.Int64}).with_columns(
+        total = np.bincount(c, np.maximum(ee - start, 0), int(a[f"_b_{name}"].max()) + 1)
+        present = np.unique(c)
+        first = np.flatnonzero(new_group)  # the first row of each present code, in code order
+        keys = items.select(pl.col(by).gather(pl.Series(rows[order][first], dtype=pl.Int64)))
+        out.append(keys.with_columns(pl.lit(name).alias("by"),
+                                     pl.Series("busy_ns", total[present].astype(np.int64))))
+    return pl.concat([pl.DataFrame(schema=_BUSY_SCHEMA), *out], how="diagonal_relaxed").with_columns(
         pl.lit(w["rank"], pl.Int32).alias("rank"))
-
-
 def _group_cummax(x: np.ndarray, new_group: np.ndarray) -> np.ndarray:
     """Running max of `x` that restarts where `new_group` is true (x ≥ 0)."""
     if len(x) == 0:
