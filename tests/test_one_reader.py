@@ -23,6 +23,9 @@ from moetune.errors import TRUNCATED
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "fixtures" / "traces" / "gpu_mcore_hostbound" / "trace.json.gz"
 NSYS = ROOT / "fixtures" / "nsys" / "h200_graphs_replay_node.sqlite.gz"
+LOG = ROOT / "fixtures" / "traces" / "mlm_host_mbs8_rcnone" / "train.log"
+NOT_A_TRACE = ("is not a trace moetune can read "
+               "(expected Kineto .json/.json.gz or an nsys .sqlite export)")
 
 
 def _argv(command: str, path: Path, tmp: Path) -> list[str]:
@@ -47,7 +50,9 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
              "cut.json.gz": gzip.compress(text[: len(text) // 3]),
              "trace.json.zst": b"\x28\xb5\x2f\xfd" + b"\x00" * 64,
              "export.sqlite.xz": lzma.compress(gzip.decompress(NSYS.read_bytes())),
-             "quote.json": b'{"traceEvents": [{"ph": "X", "name": "say "hi"", "ts": 1}]}'}
+             "quote.json": b'{"traceEvents": [{"ph": "X", "name": "say "hi"", "ts": 1}]}',
+             # a real Megatron log saved under a trace's name: recommend once called it bad JSON
+             "log.json": LOG.read_bytes()}
     for name, data in files.items():
         (d / name).write_bytes(data)
     return {name: d / name for name in files}
@@ -60,6 +65,7 @@ EXPECTED = {
     "trace.json.zst": "is compressed with zstd: decompress it first (zstd -d trace.json.zst)",
     "export.sqlite.xz": "is compressed with xz: decompress it first (xz -d export.sqlite.xz)",
     "quote.json": "is not valid JSON at line 1: expected ',' or '}'",
+    "log.json": NOT_A_TRACE,
 }
 
 

@@ -66,7 +66,10 @@ def saved_diagnosis(inputs: list[str]) -> dict[str, Any] | None:
     p = Path(inputs[0])
     if p.suffix.lower() != ".json" or not p.is_file() or p.stat().st_size > _MAX_DOC_BYTES:
         return None
-    doc = read_json(p)
+    try:
+        doc = read_json(p)
+    except UserError:  # not a saved document: the trace reader says what it is, as elsewhere
+        return None
     if not isinstance(doc, dict) or doc.get("schema") != DIAGNOSIS_SCHEMA_ID:
         return None
     validate_diagnosis(doc, p)
