@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from moetune.redact import redact_text
+from moetune.vocabulary import step_ids
 
 WALL_COLORS: dict[str, str] = {"compute": "#4c78a8", "communication": "#f58518",
                                "memory": "#54a24b", "host": "#e45756", "other": "#9d9d9d"}
@@ -58,9 +59,4 @@ def pairs(m: Mapping[str, Any] | None) -> str:
 
 
 def steps_text(ids: Sequence[int]) -> str:
-    ids = list(ids)
-    if not ids:
-        return "none"
-    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}–{ids[-1]}"
-    return ", ".join(map(str, ids))
+    return step_ids(list(ids))

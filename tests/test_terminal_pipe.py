@@ -119,3 +119,13 @@ def test_distinct_names_and_counts() -> None:
     assert labels[0] != labels[1] and labels[2] == "nvjet_sm90_tst"
     assert labels == distinct_names([a, b, "nvjet_sm90_tst"], 40)  # stable
     assert [count(x) for x in (480.0, 427.5, 1234.0)] == ["480", "427.5", "1,234"]
+
+
+def test_one_step_reads_as_a_step_id_in_every_header() -> None:
+    """The profiled step 10 of a real Megatron-LM run: `step 10`, never `steps 10` (a count of
+    ten) nor `steps 10–10`, the same in diagnose's and audit's headers."""
+    d = TRACES / "mlm_host_mbs1_rcfull"
+    diag = _piped("diagnose", str(d / "trace.json.gz")).splitlines()[0]
+    audit = _piped("audit", "--log", str(d / "train.log"), str(d / "trace.json.gz")).splitlines()[0]
+    assert " · step 10 (profiler step) · " in diag
+    assert audit.endswith(" · trace.json.gz · step 10")

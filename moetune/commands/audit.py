@@ -16,6 +16,7 @@ from typing import Any
 from moetune.analysis import analyze
 from moetune.analyzer.audit import describe_claim
 from moetune.errors import GateFailed, GateUndecided, UserError
+from moetune.vocabulary import steps_label
 
 MARK = {"confirmed": "confirmed   ", "contradicted": "CONTRADICTED", "unobservable": "unobservable"}
 
@@ -72,7 +73,7 @@ def render(doc: dict[str, Any]) -> str:
     """Human text: one block per verdict, contradicted first."""
     files = ", ".join(i["file"] for i in doc["inputs"])
     steps = doc.get("steps") or []
-    span = f" · steps {steps[0]}–{steps[-1]}" if steps else ""
+    span = f" · {steps_label(steps)}" if steps else ""
     label = doc["contract"]["label"] or "unlabelled"
     lines = [f"moetune audit {doc['contract']['file']} ({label}) · {files}{span}"]
     order = {"contradicted": 0, "unobservable": 1, "confirmed": 2}
