@@ -234,6 +234,15 @@ def test_recommendation_cards_say_what_the_terminal_says(pages: dict[str, Path])
         assert f"Verify on the next profile: {verify}" in text
         assert f"Risk {rec['risk']['level']}: {'; '.join(rec['risk']['notes'])}" in text
         assert f"risk: {rec['risk']['level']}: {'; '.join(rec['risk']['notes'])}" in term
+        # the predicted gain: its point, its calibrated range and their basis, in both
+        sp = rec["gain"]["speedup"]
+        point, low, high = (f"{sp[k] * 100:+.1f} %" for k in ("mid", "low", "high"))
+        assert f"Predicted gain {point} (range {low} to {high})" in text
+        gains = [ln for ln in term.splitlines() if ln.startswith("gain: ")]
+        assert any(g.startswith(f"gain: {point} ({low} … {high}) ") for g in gains) or (
+            low == high and any(g.startswith(f"gain: {point} alone") for g in gains))
+        assert f"Basis: {rec['gain']['basis']}" in text
+        assert f"  basis: {rec['gain']['basis']}" in term.splitlines()
         if rec.get("memory") is None:  # no memory cost to predict (expandable segments)
             continue
         assert f"Memory: {rec['memory']['verdict']}: " in text and "Basis: " in text
