@@ -113,3 +113,24 @@ def test_reader_warnings_name_their_file(tmp_path: Path) -> None:
     warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("warning:")]
     assert "warning: damaged.json: 1 NaN/Infinity value(s) read as unknown" in warnings
     assert "warning: damaged.json: 1 event(s) with a negative duration dropped" in warnings
+
+
+def test_a_trace_or_compressed_log_where_text_goes(tmp_path: Path) -> None:
+    """Where a contract or a log goes (contract check, fit, contract from-log, audit --contract),
+    a real compressed trace reads as one, and a gzipped real Megatron log gets the command that
+    decompresses it: never a decoder's "'utf-8' codec can't decode byte 0x8b", never "no
+    arguments found" for a log the reader never saw."""
+    log_gz = tmp_path / "train.log.gz"
+    log_gz.write_bytes(gzip.compress(LOG.read_bytes()))
+    raw = tmp_path / "export.sqlite"
+    raw.write_bytes(gzip.decompress(NSYS.read_bytes()))
+    cases = {TRACE: "is a compressed trace (gzip), not a text file",
+             NSYS: "is a compressed trace (gzip), not a text file",
+             log_gz: "is compressed with gzip: decompress it first (gunzip train.log.gz)",
+             raw: "is an SQLite database (an nsys export?), not a text file"}
+    for path, said in cases.items():
+        for argv in (["contract", "check", str(path)], ["fit", "--contract", str(path)],
+                     ["contract", "from-log", str(path)],
+                     ["audit", "--contract", str(path), str(TRACE)]):
+            rc, _out, err = _run(argv)
+            assert rc == 2 and err.splitlines() == [f"moetune: {path}: {said}"], (argv, err)
