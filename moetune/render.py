@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from moetune.analyzer import device_memory, observed, path_summary, phases, ranks, throughput
+from moetune.report_format import count
 from moetune.vocabulary import RECOMPUTE, RECOMPUTE_MEANING, RECOMPUTE_SHARE, steps_label
 
 WALL_ORDER = ("compute", "communication", "memory", "host")
@@ -34,12 +35,6 @@ def make_console(file: TextIO | None = None, *, stderr: bool = False) -> Console
 def fits(out: Console) -> bool:
     """Whether `out` has a width to fit (a terminal), rather than PIPE_WIDTH."""
     return out.width < PIPE_WIDTH
-
-
-def count(x: float) -> str:
-    """A count (per step and rank, so maybe a mean): an integer when it is one (`480`, not
-    `480.0`), else one decimal."""
-    return f"{round(x):,}" if abs(x - round(x)) < 1e-9 else f"{x:,.1f}"
 
 
 def _ms(s: float | None) -> str:

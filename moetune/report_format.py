@@ -18,6 +18,12 @@ MEMORY_KIND_COLORS: dict[str, str] = {"device": "#72b7b2", "pinned": "#b279a2",
                                       "pageable": "#ff9da6", "managed": "#9d755d"}
 
 
+def count(x: float) -> str:
+    """A count (per step and rank, so maybe a mean): an integer when it is one (`480`, not
+    `480.0`), else one decimal; the terminal's and the page's."""
+    return f"{round(x):,}" if abs(x - round(x)) < 1e-9 else f"{x:,.1f}"
+
+
 def short(s: str, n: int = 90) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
