@@ -50,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "and echoed flag variables (`MOE_ARGS: --num-experts 8 …`), in that precedence; the "
         "iteration lines fill the global batch size and train_iters where nothing stated them.")
     from_log.add_argument("log", help="Megatron-LM stdout/stderr log (launcher prefixes are fine)")
-    from_log.add_argument("-o", "--output", help="write the contract here instead of stdout")
+    from_log.add_argument("-o", "--output", metavar="FILE", help="write the contract here instead of stdout")
     from_log.add_argument("--json", action="store_true",
                           help="print the contract, each argument's source and the log's "
                           "evidence (theoretical memory), what it set aside and what to add "
