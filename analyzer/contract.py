@@ -360,8 +360,12 @@ def read_document(path: str | Path) -> Any:
     """Parse a JSON or YAML file (YAML is a superset; JSON errors read better for .json)."""
     p = Path(path)
     text = read_user_text(p)
+    repeat = None
     try:
-        doc = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+        if p.suffix.lower() == ".json":
+            doc = json.loads(text)
+        else:
+            doc, repeat = _load_yaml(text, p)
     except json.JSONDecodeError:
         raise bad_json(text, p) from None
     except yaml.YAMLError as exc:
@@ -372,7 +376,42 @@ def read_document(path: str | Path) -> Any:
         raise UserError(f"nested more than {MAX_DEPTH} levels deep: not a contract",
                         path=p) from None
     _check_shape(doc, p)
+    if repeat is not None:
+        raise repeat
     return doc
+
+
+def _load_yaml(text: str, path: Path) -> tuple[Any, UserError | None]:
+    """`yaml.safe_load`, and the refusal of a key repeated in one mapping (raised once the
+    document's size is checked): YAML would keep only the last (`hardware: {gpu_memory_gb: …}`
+    then `hardware: {gpu_model: …}` loses the memory). Each node is visited once: aliases share
+    nodes, and an alias bomb must not make the walk exponential."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        todo, seen_nodes, repeat = ([node] if node is not None else []), set(), None
+        while todo and repeat is None:
+            n = todo.pop()
+            if id(n) in seen_nodes:
+                continue
+            seen_nodes.add(id(n))
+            if isinstance(n, yaml.MappingNode):
+                keys: dict[Any, int] = {}
+                for k, v in n.value:
+                    if isinstance(k, yaml.ScalarNode):
+                        if k.value in keys:
+                            repeat = UserError(
+                                f"key {k.value!r} at line {k.start_mark.line + 1} repeats line "
+                                f"{keys[k.value]}'s: YAML keeps only the last; merge them into "
+                                "one", path=path)
+                            break
+                        keys[k.value] = k.start_mark.line + 1
+                    todo.append(v)
+            elif isinstance(n, yaml.SequenceNode):
+                todo.extend(n.value)
+        return (loader.construct_document(node) if node is not None else None), repeat
+    finally:
+        loader.dispose()
 
 
 def _check_shape(doc: Any, path: Path) -> None:

@@ -163,11 +163,12 @@ def _phase_rates(phases: Mapping[str, Any], parts: Mapping[str, float], world: i
 def log_check(run_log: Mapping[str, Any], *, flops: float, world: int, step_s: float,
               tflops: float | None) -> dict[str, Any]:
     """The log's iterations against this count (module doc). `run_log`: `file` and `iterations`
-    ({iteration, elapsed_s, tflops_per_gpu}); the first third of the iterations is warm-up."""
+    ({iteration, elapsed_s, tflops_per_gpu}); `steady: True` when those are already the run's
+    steady unprofiled iterations (the reference step's), else the first third is warm-up."""
     its: Sequence[Mapping[str, Any]] = sorted(
         (i for i in run_log["iterations"] if i.get("elapsed_s") and i.get("tflops_per_gpu")),
         key=lambda i: i.get("iteration") or 0)
-    steady = its[len(its) // 3:] or its
+    steady = its if run_log.get("steady") else its[len(its) // 3:] or its
     out: dict[str, Any] = {"file": run_log.get("file"), "iterations": len(steady),
                            "tflops_per_gpu_median": None, "step_time_s_median": None,
                            "flops_per_step": None, "tflops_at_trace_step": None, "ratio": None,
@@ -176,8 +177,9 @@ def log_check(run_log: Mapping[str, Any], *, flops: float, world: int, step_s: f
         return out
     implied = [i["tflops_per_gpu"] * 1e12 * i["elapsed_s"] * world for i in steady]
     f_log = statistics.median(implied)
+    # the lower median, as the reference step is (executor/logparse.py): one logged iteration
     out.update(tflops_per_gpu_median=statistics.median(i["tflops_per_gpu"] for i in steady),
-               step_time_s_median=statistics.median(i["elapsed_s"] for i in steady),
+               step_time_s_median=statistics.median_low(i["elapsed_s"] for i in steady),
                flops_per_step=f_log)
     if step_s > 0 and f_log > 0:
         at = f_log / (step_s * world * 1e12)
@@ -205,10 +207,21 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
     if rates:
         lines.append("  achieved TFLOP/s per GEMM phase (model FLOPs over its busy time): "
                      + " · ".join(rates))
-    log = t.get("log")
-    if log and log.get("ratio") is not None:
-        lines.append(f"  log {log['file']}: {log['tflops_at_trace_step']:,.1f} TFLOP/s at this "
-                     f"step time ({log['tflops_per_gpu_median']:,.1f} over its steady iterations) "
-                     f"· {'agrees' if log['agrees'] else 'DISAGREES'} ({(log['ratio'] - 1) * 100:+.1f} %)")
+    if (said := log_words(t.get("log"))) is not None:
+        lines.append(f"  {said}")
     lines += [f"  note: {n}" for n in t.get("notes") or []]
     return lines
+
+
+def log_words(log: Mapping[str, Any] | None) -> str | None:
+    """What the log's cross-check says, in the terminal's and the page's words: what agrees
+    with what (the FLOPs per step), and the log's own TFLOP/s beside this step's."""
+    if not log or log.get("ratio") is None:
+        return None
+    verdict = "agrees" if log["agrees"] else "DISAGREES"
+    return (f"log {log['file']}: the FLOPs per step it implies (its TFLOP/s × iteration time, "
+            f"median of {log['iterations']} steady iteration{'s' if log['iterations'] != 1 else ''}"
+            f") {log['flops_per_step'] / 1e12:,.2f} TFLOP: this count {verdict} "
+            f"({(log['ratio'] - 1) * 100:+.1f} %) · its TFLOP/s per GPU "
+            f"{log['tflops_per_gpu_median']:,.1f} at its {log['step_time_s_median']:,.3f} s step, "
+            f"{log['tflops_at_trace_step']:,.1f} at this profiled step")

@@ -378,7 +378,8 @@ def _run_log(ref: Reference | None) -> dict[str, Any] | None:
         return None
     from moetune.runlog import read_run_log
 
-    return read_run_log(ref.log)
+    # the iterations the reference step is the median of: one steady window in every command
+    return read_run_log(ref.log, ref.step.iterations if ref.step is not None else None)
 
 
 def _plain(con: Contract | None) -> dict[str, Any] | None:

@@ -21,17 +21,37 @@ class UserError(Exception):
         return str(self)
 
 
+# names of compressed traces (Kineto, nsys): handed where a text file goes, they are a mix-up
+TRACE_NAMES = tuple(f"{base}.{z}" for base in (".json", ".sqlite", ".db")
+                    for z in ("gz", "xz", "bz2", "zst"))
+
+
 def read_user_text(path: str | Path, *, errors: str = "strict") -> str:
     """A user's file as text, or one `UserError` line naming it (missing, unreadable, not UTF-8)."""
     p = Path(path)
     try:
-        return p.read_text(encoding="utf-8", errors=errors)
+        data = p.read_bytes()
     except FileNotFoundError:
         raise UserError("no such file", path=p) from None
     except IsADirectoryError:
         raise UserError("is a directory, not a file", path=p) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", path=p) from None
+    except OSError as exc:
+        raise UserError(f"cannot read: {exc.strerror or exc}", path=p) from None
+    # a compressed log or a trace given for a text file: say so, not a decoder's complaint
+    packed = ("gzip", "gunzip") if data[:2] == b"\x1f\x8b" else compressed_with(data[:8])
+    if packed and p.name.lower().endswith(TRACE_NAMES):
+        raise UserError(f"is a compressed trace ({packed[0]}), not a text file",
+                        path=p)
+    if packed:  # a compressed log or contract
+        raise UserError(f"is compressed with {packed[0]}: decompress it first "
+                        f"({packed[1]} {p.name})", path=p)
+    if data.startswith(b"SQLite format 3\x00"):
+        raise UserError("is an SQLite database (an nsys export?), not a text file", path=p)
+    try:
+        return data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as exc:
+        raise UserError(f"is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})",
+                        path=p) from None
 
 
 NEWLINE = b"\n"

@@ -12,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from moetune.analyzer import device_memory, observed, path_summary, phases, ranks, throughput
-from moetune.vocabulary import RECOMPUTE, RECOMPUTE_MEANING, RECOMPUTE_SHARE
+from moetune.report_format import count
+from moetune.vocabulary import RECOMPUTE, RECOMPUTE_MEANING, RECOMPUTE_SHARE, steps_label
 
 WALL_ORDER = ("compute", "communication", "memory", "host")
 
@@ -36,24 +37,12 @@ def fits(out: Console) -> bool:
     return out.width < PIPE_WIDTH
 
 
-def count(x: float) -> str:
-    """A count (per step and rank, so maybe a mean): an integer when it is one (`480`, not
-    `480.0`), else one decimal."""
-    return f"{round(x):,}" if abs(x - round(x)) < 1e-9 else f"{x:,.1f}"
-
-
 def _ms(s: float | None) -> str:
     return "—" if not s else f"{s * 1e3:,.1f} ms"
 
 
 def _pct(x: float) -> str:
     return f"{x * 100:.1f} %"
-
-
-def _steps(ids: list[int]) -> str:
-    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}–{ids[-1]}"
-    return ", ".join(map(str, ids))
 
 
 HEADER_FILES = 4  # more input files than this are counted, not listed, in the header
@@ -66,9 +55,12 @@ def diagnosis_header(doc: dict[str, Any]) -> str:
     fmts = "/".join(sorted({i["format"] for i in doc["inputs"]}))
     n = len(doc.get("ranks_analyzed") or [])
     src = doc.get("window", {}).get("step_source", "")
+    # a step id, never read as a count; one whole-trace step has no id worth showing
+    steps = ("the whole trace as one step" if src == "whole_trace" else
+             f"{steps_label(doc['steps'])} ({src.replace('_', ' ')})")
     return (
         f"moetune diagnose {files} · {fmts} · {n} rank{'s' if n != 1 else ''} · "
-        f"steps {_steps(doc['steps'])} ({src}) · step {_ms(doc['step_time_s'])} (median)"
+        f"{steps} · step {_ms(doc['step_time_s'])} (median)"
     )
 
 

@@ -9,12 +9,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from moetune.redact import redact_text
+from moetune.vocabulary import step_ids
 
 WALL_COLORS: dict[str, str] = {"compute": "#4c78a8", "communication": "#f58518",
                                "memory": "#54a24b", "host": "#e45756", "other": "#9d9d9d"}
 # memory kinds of copies: apart from the walls' colours (a red copy is not host time)
 MEMORY_KIND_COLORS: dict[str, str] = {"device": "#72b7b2", "pinned": "#b279a2",
                                       "pageable": "#ff9da6", "managed": "#9d755d"}
+
+
+def count(x: float) -> str:
+    """A count (per step and rank, so maybe a mean): an integer when it is one (`480`, not
+    `480.0`), else one decimal; the terminal's and the page's."""
+    return f"{round(x):,}" if abs(x - round(x)) < 1e-9 else f"{x:,.1f}"
 
 
 def short(s: str, n: int = 90) -> str:
@@ -58,9 +65,4 @@ def pairs(m: Mapping[str, Any] | None) -> str:
 
 
 def steps_text(ids: Sequence[int]) -> str:
-    ids = list(ids)
-    if not ids:
-        return "none"
-    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}–{ids[-1]}"
-    return ", ".join(map(str, ids))
+    return step_ids(list(ids))

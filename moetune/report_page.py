@@ -21,6 +21,7 @@ from moetune.report_format import (
     WALL_COLORS,
     chart_text,
     collective,
+    count,
     esc,
     ms,
     short,
@@ -324,9 +325,10 @@ class _Page(DecisionSections):
         tk = ev.get("top_kernels") or []
         if tk:
             body += "<h3>Top kernels</h3>" + self.table(
-                ["kernel", "class", "launches", "time / step"],
+                ["kernel", "class", "launches / step", "time / step"],
                 [[f'<span class="mono">{esc(short(k.get("name") or "?", 110))}</span>',
-                  esc(k.get("kclass")), esc(k["count"]), ms(k["time_s"] / nsteps)] for k in tk])
+                  esc(k.get("kclass")), count(k["count"] / nsteps), ms(k["time_s"] / nsteps)]
+                 for k in tk])
         copies = ev.get("copies") or {}
         rows = [(direction, mem, v) for direction, mems in sorted(copies.items())
                 for mem, v in sorted(mems.items())]
@@ -342,7 +344,7 @@ class _Page(DecisionSections):
                             "copies, %{customdata[1]:.1f} MiB<extra></extra>")
             fig.update_layout(barmode="group", yaxis_title="ms per step")
             table = self.table(["direction", "memory", "copies / step", "MiB / step", "time / step"],
-                               [[esc(dr), esc(m), f"{v['count'] / nsteps:,.1f}",
+                               [[esc(dr), esc(m), count(v["count"] / nsteps),
                                  f"{v['bytes'] / 2**20 / nsteps:,.2f}", ms(v["time_s"] / nsteps)]
                                 for dr, m, v in rows])
             body += ("<h3>Copies by direction and memory kind</h3><div class=\"row\">"

@@ -9,6 +9,7 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
+from moetune.analyzer.throughput import log_words
 from moetune.redact import redact_text
 
 # One colour per phase (Tableau-like, the report's palette family), in the vocabulary's order
@@ -115,15 +116,18 @@ def _throughput_cards(t: Mapping[str, Any]) -> str:
         cards.append((f"MFU ({t['dtype']} peak {t['peak_tflops']:,.0f})", f"{t['mfu'] * 100:.1f} %"))
     log = t.get("log") or {}
     if log.get("ratio") is not None:
-        cards.append(("log's TFLOP/s at this step", f"{log['tflops_at_trace_step']:,.1f} "
-                      f"({'agrees' if log['agrees'] else 'disagrees'})"))
+        cards.append(("FLOPs per step vs the log's", f"{'agree' if log['agrees'] else 'DISAGREE'}"
+                      f" ({(log['ratio'] - 1) * 100:+.1f} %)"))
     body = "".join(f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div></div>'
                    for k, v in cards)
     out = f"<h3>Throughput</h3><div class=\"cards\">{body}</div>" if body else "<h3>Throughput</h3>"
     notes = list(t.get("notes") or [])
     if t.get("flops_per_step"):
         notes.insert(0, f"{t['flops_per_step'] / 1e12:,.2f} TFLOP per step by Megatron's count "
-                     f"(model from the {t.get('model_source')}, {t.get('world_size')} GPUs).")
+                     f"(model from the {t.get('model_source')}, {t.get('world_size')} "
+                     f"GPU{'' if t.get('world_size') == 1 else 's'}).")
+    if (said := log_words(log)) is not None:
+        notes.insert(1, said[0].upper() + said[1:] + ".")
     return out + "".join(f'<p class="note">{_e(n)}</p>' for n in notes)
 
 

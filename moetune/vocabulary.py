@@ -53,3 +53,17 @@ def key_lines(text: str) -> list[str]:
     """`key: <term> <meaning>` for each GLOSSARY term `text` uses, in GLOSSARY's order."""
     return [f"key: {term} {meaning}" for term, meaning in GLOSSARY.items()
             if f"\n{term}" in f"\n{text}" or f" {term}" in text]
+
+
+def step_ids(ids: list[int]) -> str:
+    """Step ids as text: a run of three or more as `3–6`, else listed (`10`; `1, 5`)."""
+    if not ids:
+        return "none"
+    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}–{ids[-1]}"
+    return ", ".join(map(str, ids))
+
+
+def steps_label(ids: list[int]) -> str:
+    """`step 10` for one step, `steps 3–6` for several: a header's ids, never read as a count."""
+    return f"step{'s' if len(ids) != 1 else ''} {step_ids(ids)}"

@@ -351,6 +351,8 @@ def _find_predicate(raw: Any, p: expr.Predicate, at: tuple) -> tuple | None:
 def rule_files(folder: Path) -> list[Path]:
     """The rule files of a folder, at any depth, except its `fixtures/` (the scenarios its rules
     name: rules/scenarios.py)."""
+    if folder.exists() and not folder.is_dir():
+        raise UserError("is a file, not a rules folder (a folder of rule .yaml files)", path=folder)
     if not folder.is_dir():
         raise UserError("rules folder not found", path=folder)
     return sorted(p for p in folder.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()

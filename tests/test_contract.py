@@ -313,3 +313,32 @@ def test_diagnose_next_hint_names_the_contract_given() -> None:
     assert "--contract FILE" not in hint and hint.count(given) == 2
     r = cli("diagnose")
     assert "--contract FILE" in next(ln for ln in r.stderr.splitlines() if ln.startswith("next:"))
+
+
+def test_from_log_header_lines_followed_literally(tmp_path: Path) -> None:
+    """`contract from-log` on a real Megatron-LM log names three `hardware` keys the log does not
+    state, each with a line to add. Added one by one they repeat the `hardware:` key, which YAML
+    resolves by keeping the last (gpu_memory_gb lost: `contract check` once said valid and `fit`
+    then said the key was missing): the reader refuses the repeat, naming both lines, and the
+    header's one-mapping line makes `fit --gpus 64` run."""
+    log = ROOT / "fixtures" / "traces" / "mlm_host_mbs1_rcfull" / "train.log"
+    r = cli("contract", "from-log", str(log))
+    assert r.returncode == 0, r.stderr
+    header = [ln.removeprefix("#").strip() for ln in r.stdout.splitlines() if ln.startswith("#")]
+    adds = [ln.split("add `", 1)[1].split("`", 1)[0] for ln in header if "add `" in ln]
+    one = [a for h, a in zip([h for h in header if "add `" in h], adds, strict=True)
+           if h.startswith("all in one `hardware:`")]
+    assert len(one) == 1 and len(adds) == 4
+    apart = tmp_path / "apart.yaml"
+    apart.write_text(r.stdout + "".join(a + "\n" for a in adds if a not in one))
+    r2 = cli("contract", "check", str(apart))
+    n = len(r.stdout.splitlines())
+    assert r2.returncode == 2 and r2.stderr.splitlines() == [
+        f"moetune: {apart}: key 'hardware' at line {n + 2} repeats line {n + 1}'s: YAML keeps "
+        "only the last; merge them into one"]
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(r.stdout + one[0] + "\n")
+    assert cli("contract", "check", str(merged)).returncode == 0
+    r3 = cli("fit", "--contract", str(merged), "--gpus", "64")
+    assert r3.returncode == 0, r3.stderr
+    assert " 64 GPUs × 139.8 GiB, 8/node" in r3.stdout.splitlines()[0]

@@ -192,3 +192,23 @@ def test_configuration_delta_first(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["diff", str(EAGER / "trace.json.gz"), str(LOCAL / "trace.json.gz")]) == 0
     assert capsys.readouterr().out.splitlines()[1] == (
         "configuration: not compared (no contract or Megatron log for A and B)")
+
+
+def test_logs_given_as_references_state_the_configuration(capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    """`--log-a/--log-b` (each run's reference: its steady step and memory) are Megatron logs with
+    their argument dumps: the configuration delta reads them as it reads `--contract-a/-b` (it
+    once said 'not compared (no contract or Megatron log for A and B)' beside them)."""
+    a, b = TR / "mlm_host_mbs1_rcfull", TR / "mlm_host_mbs8_rcnone"  # Megatron-LM, H200
+    traces = [str(a / "trace.json.gz"), str(b / "trace.json.gz")]
+    as_contracts, _ = _diff(capsys, *traces, "--contract-a", str(a / "train.log"),
+                            "--contract-b", str(b / "train.log"))
+    as_logs, _ = _diff(capsys, *traces, "--log-a", str(a / "train.log"),
+                         "--log-b", str(b / "train.log"))
+    assert as_logs["config"] == as_contracts["config"]
+    assert as_logs["config"]["a_from"] == as_logs["config"]["b_from"] == "log"
+    assert [c["text"] for c in as_logs["config"]["changes"]] == [
+        "eval_micro_batch_size: 1 → 8", "micro_batch_size: 1 → 8",
+        "recompute_granularity: full → unset", "recompute_method: uniform → unset",
+        "recompute_num_layers: 1 → unset"]
+    assert not any(w.startswith("model shape not compared") for w in as_logs["warnings"])

@@ -63,7 +63,7 @@ def test_both_devices_of_the_public_export_are_ranks(corpus: Path) -> None:
     assert doc["steps"] == [0] and doc["window"]["step_source"] == "whole_trace"
     assert sorted(p["rank"] for p in doc["per_step"]) == [0, 1]
     head = moetune(corpus / EXPORT).stdout.splitlines()[0]
-    assert "· 2 ranks · steps 0 (whole_trace)" in head
+    assert "· 2 ranks · the whole trace as one step ·" in head
 
 
 @pytest.mark.corpus

@@ -23,6 +23,9 @@ from moetune.errors import TRUNCATED
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "fixtures" / "traces" / "gpu_mcore_hostbound" / "trace.json.gz"
 NSYS = ROOT / "fixtures" / "nsys" / "h200_graphs_replay_node.sqlite.gz"
+LOG = ROOT / "fixtures" / "traces" / "mlm_host_mbs8_rcnone" / "train.log"
+NOT_A_TRACE = ("is not a trace moetune can read "
+               "(expected Kineto .json/.json.gz or an nsys .sqlite export)")
 
 
 def _argv(command: str, path: Path, tmp: Path) -> list[str]:
@@ -47,7 +50,9 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
              "cut.json.gz": gzip.compress(text[: len(text) // 3]),
              "trace.json.zst": b"\x28\xb5\x2f\xfd" + b"\x00" * 64,
              "export.sqlite.xz": lzma.compress(gzip.decompress(NSYS.read_bytes())),
-             "quote.json": b'{"traceEvents": [{"ph": "X", "name": "say "hi"", "ts": 1}]}'}
+             "quote.json": b'{"traceEvents": [{"ph": "X", "name": "say "hi"", "ts": 1}]}',
+             # a real Megatron log saved under a trace's name: recommend once called it bad JSON
+             "log.json": LOG.read_bytes()}
     for name, data in files.items():
         (d / name).write_bytes(data)
     return {name: d / name for name in files}
@@ -60,6 +65,7 @@ EXPECTED = {
     "trace.json.zst": "is compressed with zstd: decompress it first (zstd -d trace.json.zst)",
     "export.sqlite.xz": "is compressed with xz: decompress it first (xz -d export.sqlite.xz)",
     "quote.json": "is not valid JSON at line 1: expected ',' or '}'",
+    "log.json": NOT_A_TRACE,
 }
 
 
@@ -107,3 +113,24 @@ def test_reader_warnings_name_their_file(tmp_path: Path) -> None:
     warnings = [ln for ln in done.stderr.splitlines() if ln.startswith("warning:")]
     assert "warning: damaged.json: 1 NaN/Infinity value(s) read as unknown" in warnings
     assert "warning: damaged.json: 1 event(s) with a negative duration dropped" in warnings
+
+
+def test_a_trace_or_compressed_log_where_text_goes(tmp_path: Path) -> None:
+    """Where a contract or a log goes (contract check, fit, contract from-log, audit --contract),
+    a real compressed trace reads as one, and a gzipped real Megatron log gets the command that
+    decompresses it: never a decoder's "'utf-8' codec can't decode byte 0x8b", never "no
+    arguments found" for a log the reader never saw."""
+    log_gz = tmp_path / "train.log.gz"
+    log_gz.write_bytes(gzip.compress(LOG.read_bytes()))
+    raw = tmp_path / "export.sqlite"
+    raw.write_bytes(gzip.decompress(NSYS.read_bytes()))
+    cases = {TRACE: "is a compressed trace (gzip), not a text file",
+             NSYS: "is a compressed trace (gzip), not a text file",
+             log_gz: "is compressed with gzip: decompress it first (gunzip train.log.gz)",
+             raw: "is an SQLite database (an nsys export?), not a text file"}
+    for path, said in cases.items():
+        for argv in (["contract", "check", str(path)], ["fit", "--contract", str(path)],
+                     ["contract", "from-log", str(path)],
+                     ["audit", "--contract", str(path), str(TRACE)]):
+            rc, _out, err = _run(argv)
+            assert rc == 2 and err.splitlines() == [f"moetune: {path}: {said}"], (argv, err)

@@ -70,11 +70,19 @@ def test_every_synopsis_names_real_options_required_as_the_parser_says() -> None
             assert leaf in LEAVES, f"README names `{leaf}`, which is no moetune command"
             seen[leaf] = seen.get(leaf, 0) + 1
             opts = _options(LEAVES[leaf])
-            depth, first_option = 0, True
+            depth, first_option, takes = 0, True, None
             for w in rest:
                 at = depth + len(w) - len(w.lstrip("["))
                 name = w.lstrip("[").rstrip("]")
+                if takes is not None and not takes.choices and re.fullmatch(r"[A-Z][A-Z0-9_:]*", name):
+                    # the value's name as README shows it is the one --help shows
+                    shown = takes.metavar or takes.dest.upper()
+                    if shown != name:
+                        problems.append(f"`{syn}`: README writes {takes.option_strings[-1]} "
+                                        f"{name}, --help writes {shown}")
+                takes = None
                 if re.fullmatch(r"--?[a-z][a-z0-9-]*", name):
+                    takes = opts.get(name) if opts.get(name) and opts[name].nargs != 0 else None
                     action = opts.get(name)
                     if action is None:
                         problems.append(f"`{syn}`: {leaf} has no option {name}")

@@ -234,6 +234,15 @@ def test_recommendation_cards_say_what_the_terminal_says(pages: dict[str, Path])
         assert f"Verify on the next profile: {verify}" in text
         assert f"Risk {rec['risk']['level']}: {'; '.join(rec['risk']['notes'])}" in text
         assert f"risk: {rec['risk']['level']}: {'; '.join(rec['risk']['notes'])}" in term
+        # the predicted gain: its point, its calibrated range and their basis, in both
+        sp = rec["gain"]["speedup"]
+        point, low, high = (f"{sp[k] * 100:+.1f} %" for k in ("mid", "low", "high"))
+        assert f"Predicted gain {point} (range {low} to {high})" in text
+        gains = [ln for ln in term.splitlines() if ln.startswith("gain: ")]
+        assert any(g.startswith(f"gain: {point} ({low} … {high}) ") for g in gains) or (
+            low == high and any(g.startswith(f"gain: {point} alone") for g in gains))
+        assert f"Basis: {rec['gain']['basis']}" in text
+        assert f"  basis: {rec['gain']['basis']}" in term.splitlines()
         if rec.get("memory") is None:  # no memory cost to predict (expandable segments)
             continue
         assert f"Memory: {rec['memory']['verdict']}: " in text and "Basis: " in text
@@ -328,3 +337,42 @@ def test_baseline_options_need_a_baseline(tmp_path: Path) -> None:
                               str(MLM / "train.log"), "-o", str(tmp_path / "r.html")])
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "give its trace with --baseline" in err and not (tmp_path / "r.html").exists()
+
+
+def _column(page: str, heading: str, col: int) -> list[str]:
+    """Column `col` of the first table after `heading`, as text."""
+    at = page.index(heading)
+    table = page[page.index("<table", at): page.index("</table>", at)]
+    rows = re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]  # the header row first
+    return [html.unescape(re.sub(r"<[^>]+>", "", re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)[col]))
+            .strip() for r in rows]
+
+
+def test_page_counts_per_step_as_the_terminal_prints_them(tmp_path: Path) -> None:
+    """Item 7 on the page: the real H200 Megatron-Core step (4 profiled steps) once listed its
+    top kernels' launches as totals over the steps beside times per step (1,016 where the
+    terminal says 254 per step) and copies per step as floats (`22.0`); now both columns are per
+    step and read as `moetune diagnose --top` prints them."""
+    trace = TRACES / "gpu_mcore_hostbound" / "trace.json.gz"
+    code, term, err = run_cli(["diagnose", str(trace), "--top", "10"])
+    assert code == 0, err
+    lines = term.splitlines()
+
+    def counts(title: str, col: int) -> list[str]:
+        at = next(i for i, ln in enumerate(lines) if ln.startswith(title)) + 2
+        out = []
+        while at < len(lines) and lines[at].strip() and not lines[at].startswith("top "):
+            out.append(lines[at].split()[col])
+            at += 1
+        return out
+
+    page_file = tmp_path / "r.html"
+    code, _, err = run_cli(["report", str(trace), "-o", str(page_file)])
+    assert code == 0, err
+    page = page_file.read_text()
+    launches = _column(page, "<h3>Top kernels</h3>", 2)
+    want = counts("top GPU kernels", -5)  # count, total, "ms", share, "%"
+    assert launches[: len(want)] == want and "223.5" in want
+    copies = _column(page, "<h3>Copies by direction and memory kind</h3>", 2)
+    assert sorted(copies) == sorted(counts("copies by direction", 2))
+    assert not any(c.endswith(".0") for c in launches + copies)

@@ -119,3 +119,17 @@ def test_a_rule_naming_a_what_if_transform_must_name_one_of_its_knob(
     rule.write_text(text.replace(old, new), encoding="utf-8")
     code, out, _ = run_cli(["rules", "check", str(tmp_path)])
     assert code == 1 and out == f"{rule}:{line(rule, new)}: {message}\n"
+
+
+def test_a_folder_with_no_rules_or_a_file_is_refused(tmp_path: Path) -> None:
+    """An empty folder (a mistyped path) once passed the gate: '0 rule(s) valid, … 0 problem(s)',
+    exit 0. It is bad input now, and so is a file given for the folder: one line, exit 2."""
+    (tmp_path / "empty").mkdir()
+    trace = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "mlm_host_mbs1_rcfull"
+    for given, said in ((tmp_path / "empty", "holds no rule files (.yaml, .yml): nothing to check"),
+                        (trace / "train.log", "is a file, not a rules folder")):
+        for json_flag in ([], ["--json"]):
+            code, out, err = run_cli(["rules", "check", str(given), *json_flag])
+            assert code == 2 and out == "", (given, out, err)
+            assert err.strip().splitlines() == [f"moetune: {given}: {said}" + (
+                " (a folder of rule .yaml files)" if given.is_file() else "")]

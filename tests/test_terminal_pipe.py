@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import shlex
 import struct
 import subprocess
 import sys
@@ -119,3 +120,36 @@ def test_distinct_names_and_counts() -> None:
     assert labels[0] != labels[1] and labels[2] == "nvjet_sm90_tst"
     assert labels == distinct_names([a, b, "nvjet_sm90_tst"], 40)  # stable
     assert [count(x) for x in (480.0, 427.5, 1234.0)] == ["480", "427.5", "1,234"]
+
+
+def test_one_step_reads_as_a_step_id_in_every_header() -> None:
+    """The profiled step 10 of a real Megatron-LM run: `step 10`, never `steps 10` (a count of
+    ten) nor `steps 10–10`, the same in diagnose's and audit's headers."""
+    d = TRACES / "mlm_host_mbs1_rcfull"
+    diag = _piped("diagnose", str(d / "trace.json.gz")).splitlines()[0]
+    audit = _piped("audit", "--log", str(d / "train.log"), str(d / "trace.json.gz")).splitlines()[0]
+    assert " · step 10 (profiler step) · " in diag
+    assert audit.endswith(" · trace.json.gz · step 10")
+
+
+def test_diagnose_hints_run_as_printed() -> None:
+    """Each command of diagnose's `next:` line runs as printed on the real Megatron-LM trace and
+    its log (audit once got `--contract FILE` beside a --log that it takes); with no PATH, the
+    hint names the shipped trace that was read, not `<trace>`."""
+    d = TRACES / "mlm_host_mbs1_rcfull"
+    done = subprocess.run([*MOETUNE, "diagnose", str(d / "trace.json.gz"), "--log",
+                           str(d / "train.log")], capture_output=True, text=True, check=True,
+                          timeout=300)
+    hint = next(ln for ln in done.stderr.splitlines() if ln.startswith("next: "))
+    commands = hint.removeprefix("next: ").split("  ·  ")
+    assert [c.split()[1] for c in commands] == ["recommend", "audit"]
+    for command in commands:
+        argv = shlex.split(command)
+        assert "FILE" not in argv
+        ran = subprocess.run([*MOETUNE, *argv[1:]], capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, (command, ran.stderr)
+    bare = subprocess.run([*MOETUNE, "diagnose"], capture_output=True, text=True, check=True,
+                          timeout=300)
+    hint = next(ln for ln in bare.stderr.splitlines() if ln.startswith("next: "))
+    assert "<trace>" not in hint
+    assert Path(shlex.split(hint.split("  ·  ")[1])[-1]).is_file()

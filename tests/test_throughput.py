@@ -3,6 +3,7 @@ diagnosis' exports (`--csv`, `--parquet`), on the real H200 traces and the logs 
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import polars as pl
 import pytest
 import yaml
 from moetune.analyzer.gpus import GPUS_PATH, gpu_model, gpu_table, validate_gpus
-from moetune.analyzer.throughput import log_check, throughput_document
+from moetune.analyzer.throughput import log_check, log_words, throughput_document
 
 from moetune.analysis import analyze, read_reference
 from moetune.knobs import load as load_catalog
@@ -122,3 +123,30 @@ def test_cli_terminal_says_what_the_json_says() -> None:
     assert "TFLOP/s per GPU" in out and "agrees" in out
     code, out, err = run_cli(["diagnose", str(d / "trace.json.gz"), "--log", str(d / "no.log")])
     assert code == 2 and "no.log" in err and "Traceback" not in err
+
+
+def test_the_logs_steady_window_is_the_reference_steps(tmp_path: Path) -> None:
+    """A real Megatron-LM log (MBS 1, profiled iterations 10–11 of 12): the throughput check reads
+    the iterations recommend's reference step is the median of (3–8; warm-up and profiled ones
+    left out), not the last two thirds (once 5–12, the profiled 22 s iteration 12 with them),
+    and the terminal and the page say in the same words what agrees with what."""
+    d = TRACES / "mlm_host_mbs1_rcfull"
+    args = [str(d / "trace.json.gz"), "--log", str(d / "train.log")]
+    code, out, err = run_cli(["diagnose", "--json", *args])
+    assert code == 0, err
+    log = json.loads(out)["throughput"]["log"]
+    code, out, err = run_cli(["recommend", "--json", *args])
+    assert code == 0, err
+    ref = json.loads(out)["diagnosis"]["reference"]
+    assert "median of iterations 3–8" in ref["text"]
+    assert log["iterations"] == 6 and log["step_time_s_median"] == pytest.approx(ref["step_s"])
+    said = log_words(log)
+    assert said is not None and "FLOPs per step" in said and " agrees (" in said
+    code, term, err = run_cli(["diagnose", *args])
+    assert code == 0, err
+    assert f"  {said}" in term.splitlines()
+    pytest.importorskip("plotly")
+    code, _out, err = run_cli(["report", *args, "-o", str(tmp_path / "r.html")])
+    assert code == 0, err
+    page = html.unescape((tmp_path / "r.html").read_text())
+    assert said[0].upper() + said[1:] + "." in page and "(model from the log, 1 GPU)." in page

@@ -16,6 +16,7 @@ from typing import Any
 from moetune.analysis import analyze
 from moetune.analyzer.audit import describe_claim
 from moetune.errors import GateFailed, GateUndecided, UserError
+from moetune.vocabulary import steps_label
 
 MARK = {"confirmed": "confirmed   ", "contradicted": "CONTRADICTED", "unobservable": "unobservable"}
 
@@ -29,12 +30,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "contradicts it, or cannot show it — with the evidence. Exit 1 if anything is contradicted, "
         "3 if no claim could be checked (undecided).",
     )
-    p.add_argument("--contract", help="contract file (YAML or JSON); or --log")
+    p.add_argument("--contract", metavar="FILE", help="contract file (YAML or JSON); or --log")
     p.add_argument("--log", metavar="FILE",
                    help="the run's Megatron log: its argument dump is the claim (as `contract "
                    "from-log` reads it), when no --contract is given")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto .json[.gz] / nsys .sqlite files or directories")
-    p.add_argument("--window", help="steady steps A:B (default: the contract's window.steady)")
+    p.add_argument("--window", metavar="A:B", help="steady steps A:B (default: the contract's window.steady)")
     p.add_argument("--json", action="store_true", help="print the audit document (schemas/audit.schema.json)")
     return p
 
@@ -72,7 +73,7 @@ def render(doc: dict[str, Any]) -> str:
     """Human text: one block per verdict, contradicted first."""
     files = ", ".join(i["file"] for i in doc["inputs"])
     steps = doc.get("steps") or []
-    span = f" · steps {steps[0]}–{steps[-1]}" if steps else ""
+    span = f" · {steps_label(steps)}" if steps else ""
     label = doc["contract"]["label"] or "unlabelled"
     lines = [f"moetune audit {doc['contract']['file']} ({label}) · {files}{span}"]
     order = {"contradicted": 0, "unobservable": 1, "confirmed": 2}

@@ -50,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "and echoed flag variables (`MOE_ARGS: --num-experts 8 …`), in that precedence; the "
         "iteration lines fill the global batch size and train_iters where nothing stated them.")
     from_log.add_argument("log", help="Megatron-LM stdout/stderr log (launcher prefixes are fine)")
-    from_log.add_argument("-o", "--output", help="write the contract here instead of stdout")
+    from_log.add_argument("-o", "--output", metavar="FILE", help="write the contract here instead of stdout")
     from_log.add_argument("--json", action="store_true",
                           help="print the contract, each argument's source and the log's "
                           "evidence (theoretical memory), what it set aside and what to add "
@@ -172,7 +172,24 @@ def _to_fill(found: LogContract) -> list[str]:
     if not found.missing:
         return []
     return ["not in the log; add before the commands that need it:",
-            *(f"  {fill_hint(key)}" for key in found.missing)]
+            *(f"  {fill_hint(key)}" for key in found.missing), *_one_section(found.missing)]
+
+
+def _one_section(missing: list[str]) -> list[str]:
+    """The lines to add of keys sharing a section, as one mapping: YAML keeps only the last of a
+    repeated key, so the lines added one by one would lose all but the last."""
+    import re
+
+    from moetune.analyzer.log_hardware import FILL
+
+    inner: dict[str, list[str]] = {}
+    for key in missing:
+        m = re.match(r"(\w+): \{(.*?)\}", FILL[key][1])
+        if m and m[2] not in inner.setdefault(m[1], []):
+            inner[m[1]].append(m[2])
+    return [f"  all in one `{section}:` (a repeated key keeps only its last): add "
+            f"`{section}: {{{', '.join(parts)}}}`" for section, parts in inner.items()
+            if len(parts) > 1]
 
 
 def from_log_document(found: LogContract, log_name: str, theoretical: object) -> dict:

@@ -95,16 +95,22 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(scale.summary_lines(mapped) + scale.cross_rank_lines(doc)))
         if args.top:
             render_top(doc)
-        shown = " ".join(str(p) for p in args.paths) if args.paths else "<trace>"
-        given = shlex.quote(args.contract) if args.contract else "FILE"  # the one given, if any
-        log = getattr(args, "log", None)
-        # without a contract the log's argument dump stands in for it (moetune/analysis.py)
-        inputs = (f"--contract {given}" if args.contract or not log else "") + \
-            (f" --log {shlex.quote(log)}" if log else "")
-        print(f"next: moetune recommend {shown} {inputs.strip()}  ·  "
-              f"moetune audit --contract {given} {shown}", file=sys.stderr)
+        print(next_hint(args.paths or [str(DEFAULT_TRACE)], args.contract,
+                        getattr(args, "log", None)), file=sys.stderr)
     if not args.quiet and doc.get("warnings"):
         from moetune.render import render_warnings  # rich: only when there is something to show
 
         render_warnings(doc["warnings"])
     return 0
+
+
+def next_hint(paths: list[str], contract: str | None, log: str | None) -> str:
+    """The commands to run next, on the same inputs, each runnable as printed (paths quoted):
+    the contract given, else the log (its argument dump stands in for one: moetune/analysis.py
+    for recommend, `audit --log`), else the placeholder FILE."""
+    shown = " ".join(shlex.quote(str(p)) for p in paths)
+    given = f"--contract {shlex.quote(contract)}" if contract else ""
+    with_log = f" --log {shlex.quote(log)}" if log else ""
+    claims = given or with_log.strip() or "--contract FILE"
+    return (f"next: moetune recommend {shown} {(given + with_log).strip() or claims}  ·  "
+            f"moetune audit {claims} {shown}")

@@ -70,6 +70,18 @@ def _contract(path: str | None) -> tuple[Any, dict[str, Any], tuple[str | None, 
     return None, model_of(found), ("log", config_of(found))
 
 
+def _claims(contract: str | None, log: str | None
+            ) -> tuple[Any, dict[str, Any], tuple[str | None, dict[str, Any]]]:
+    """`_contract` of the run's contract, else of its --log's argument dump (as report's
+    --baseline-log and recommend read it); a log without one leaves the configuration unknown."""
+    if contract is not None or log is None:
+        return _contract(contract)
+    try:
+        return _contract(log)
+    except UserError:  # no argument dump: the log still gives the reference step
+        return None, {}, (None, {})
+
+
 def _ledger_doc(args: argparse.Namespace, model_a: dict, model_b: dict,
                 config: dict[str, Any] | None) -> dict[str, Any]:
     from moetune.compare import diff_ledger_runs, model_of
@@ -115,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
     many: list[tuple[str, Any, scale.MapResult]] = []  # sides read through the map
     from moetune.compare import config_delta
 
-    con_a, model_a, (src_a, conf_a) = _contract(args.contract_a)
-    con_b, model_b, (src_b, conf_b) = _contract(args.contract_b)
+    con_a, model_a, (src_a, conf_a) = _claims(args.contract_a, args.log_a)
+    con_b, model_b, (src_b, conf_b) = _claims(args.contract_b, args.log_b)
     config = config_delta(conf_a, conf_b, sources=(src_a, src_b))
     if args.ledger is not None:
         if reference_args.given(args, "-a") or reference_args.given(args, "-b"):

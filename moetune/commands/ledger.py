@@ -15,7 +15,7 @@ from moetune.errors import UserError
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("ledger", help="list recorded runs and verdicts",
                               description="List the runs and decisions in the SQLite ledger.")
-    p.add_argument("--ledger", type=Path, action="append",
+    p.add_argument("--ledger", type=Path, action="append", metavar="DB",
                    help=f"ledger file (repeatable: pooled, e.g. from several machines); "
                         f"default {DEFAULT_LEDGER}")
     p.add_argument("--session", help="only this session")

@@ -66,7 +66,10 @@ def saved_diagnosis(inputs: list[str]) -> dict[str, Any] | None:
     p = Path(inputs[0])
     if p.suffix.lower() != ".json" or not p.is_file() or p.stat().st_size > _MAX_DOC_BYTES:
         return None
-    doc = read_json(p)
+    try:
+        doc = read_json(p)
+    except UserError:  # not a saved document: the trace reader says what it is, as elsewhere
+        return None
     if not isinstance(doc, dict) or doc.get("schema") != DIAGNOSIS_SCHEMA_ID:
         return None
     validate_diagnosis(doc, p)
@@ -176,6 +179,14 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.1f} %"
 
 
+def _predicted(speedup: dict[str, Any]) -> str:
+    """The predicted gain as the page states it: its point, then its calibrated range."""
+    span = f"{_pct(speedup['low'])} … {_pct(speedup['high'])}"
+    if speedup["low"] == speedup["high"]:  # a gate's zero: no range to state
+        return _pct(speedup["low"])
+    return f"{_pct(speedup['mid'])} ({span})" if speedup.get("mid") is not None else span
+
+
 def _secs(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.3f} s"
 
@@ -230,10 +241,11 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
         ceiling = f" · ceiling {_pct(g['ceiling'])}" if g["ceiling"] is not None else ""
         alone = " alone (a gate: worth what it unlocks, below)" if r.get("gate") else ""
         lines.append(
-            f"gain: {_pct(g['speedup']['low'])} … {_pct(g['speedup']['high'])}{alone} "
+            f"gain: {_predicted(g['speedup'])}{alone} "
             f"(step {_secs(st['before'])} → {_secs(st['low'])}–{_secs(st['high'])}){ceiling}"
             f" · confidence {r['confidence']} · risk {r['risk']['level']}"
         )
+        lines += [f"  basis: {g['basis']}"] if g.get("basis") else []
         if (mem := memory_words(r)) is not None:
             lines.append(f"memory: {mem[0]}")
             lines += [f"  basis: {mem[1]}"] if mem[1] else []
@@ -245,7 +257,7 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
         for u in r.get("unlocks") or []:
             usp, uch = u["gain"]["speedup"], u["change"]
             lines.append(f"unlocks: {u['rule']} ({uch['knob']} → {uch['to']}), predicted "
-                         f"{_pct(usp['low'])} … {_pct(usp['high'])} on top")
+                         f"{_predicted(usp)} on top")
             if u.get("megatron_flags"):
                 lines.append(f"  help: {' '.join(u['megatron_flags'])}")
             if (um := describe(u.get("memory"))) is not None:

@@ -79,10 +79,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _check(folder: Path, fixture_dirs: list[Path], *, as_json: bool = False) -> int:
     from moetune.rules.check import check_folder
+    from moetune.rules.load import rule_files
 
     for d in fixture_dirs:
         if not d.is_dir():
             raise UserError("fixtures folder not found", path=d)
+    if not rule_files(folder):  # a mistyped folder must not pass the gate with nothing checked
+        raise UserError("holds no rule files (.yaml, .yml): nothing to check", path=folder)
     done = check_folder(folder, fixture_dirs)
     if as_json:
         doc = {"schema": "moetune.rules-check/1", "folder": str(folder),

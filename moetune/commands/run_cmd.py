@@ -30,7 +30,7 @@ def add_exec_options(p: argparse.ArgumentParser) -> None:
                    "else none); no-nvlink-multicast: NVLS and NVLink multicast off, for shared "
                    "machines that forbid them")
     p.add_argument("--contract", metavar="FILE", help="measurement contract (YAML/JSON)")
-    p.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER, help=f"SQLite ledger (default {DEFAULT_LEDGER})")
+    p.add_argument("--ledger", type=Path, default=DEFAULT_LEDGER, metavar="DB", help=f"SQLite ledger (default {DEFAULT_LEDGER})")
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where run logs and traces go")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local",
                    help="local runs --cmd as is (it may itself be torchrun …)")
@@ -44,7 +44,7 @@ def add_exec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-iters", type=int, default=12,
                    help="measured iterations of every run, after the warm-up (≥ 4; the profiler "
                         "takes three more at the end of a profiled run, run unprofiled in the rest)")
-    p.add_argument("--max-pairs", type=int, default=4,
+    p.add_argument("--max-pairs", type=int, default=4, metavar="N",
                    help="A/B pairs for one candidate, at most: a clear win takes one new run, a "
                         "small gain more pairs until the evidence decides (docs/executor.md)")
     p.add_argument("--noise-prior", type=float, default=0.10,
