@@ -126,8 +126,13 @@ def micro_batch_probe(host: pl.DataFrame, spec: Mapping[str, Any], claims: Mappi
     expected = None
     if gbs and mbs and dp and k and pp == 1 and gbs % (mbs * dp) == 0:
         expected = gbs // (mbs * dp) * k
-    return {"count": hit.height, "per_step": per_step, "expected": expected,
+    # the evidence says micro-batches; the lookups they are counted by stand beside them
+    per_micro = (per_step / k if k else None)
+    return {"count": hit.height, "lookups_per_step": per_step, "lookups_expected": expected,
             "lookups_per_micro_batch": k,
+            "micro_batches_per_step": (int(per_micro) if per_micro is not None
+                                       and float(per_micro).is_integer() else per_micro),
+            "micro_batches_expected": expected // k if expected is not None and k else None,
             "matches": None if expected is None or not hit.height else per_step == expected}
 
 

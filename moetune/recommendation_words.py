@@ -35,8 +35,11 @@ def verify_text(rec: Mapping[str, Any]) -> str:
     now = (f" (now {_value(v['metric'], v['metric_now'])})"
            if v.get("metric_now") is not None else "")
     sig = f"; look for: {v['signature']}" if v.get("signature") else ""
-    return (f"{audit}{v.get('metric')} {v.get('direction')} ≥ "
-            f"{(v.get('min_relative_change') or 0) * 100:.0f} %{now}{sig}")
+    least = v.get("min_relative_change") or 0
+    # a gate's check asks only that the step does not get worse: "down ≥ 0 %" says nothing
+    move = (f"{v.get('direction')} ≥ {least * 100:.0f} %" if least else
+            {"down": "no higher", "up": "no lower"}.get(str(v.get("direction")), "unchanged"))
+    return f"{audit}{v.get('metric')} {move}{now}{sig}"
 
 
 def risk_text(rec: Mapping[str, Any]) -> str:

@@ -37,6 +37,13 @@ def verdict_line(d: Mapping[str, Any] | None, advice: Mapping[str, Any] | None,
         change = (f'top change: <a href="#advice"><b>{esc(r.get("title"))}</b></a>, predicted '
                   f'<b>{pct(sp.get("mid"), True)}</b> ({pct(sp.get("low"), True)} to '
                   f'{pct(sp.get("high"), True)})')
+        before = ((r.get("gain") or {}).get("step_time_s") or {}).get("before")
+        ref = d.get("reference") or {}
+        if before and ref.get("source") == "log":  # the gain's base is not the profiled median
+            change += (f" over the {ms(before)} unprofiled step of "
+                       f"{esc(ref.get('file') or 'the log')}")
+        elif before and d.get("step_time_s") and abs(before - d["step_time_s"]) > 5e-7:
+            change += f" over a {ms(before)} step"
         if mem is not None:
             verdict = (r.get("memory") or {}).get("verdict", "unknown")
             change += f', memory <b class="m-{esc(verdict.replace(" ", "-"))}">{esc(verdict)}</b>'

@@ -116,8 +116,9 @@ def evaluate(rule: Rule, inp: Inputs, options: Options, env_only: frozenset[str]
     if scale_caveat:
         caveats.append(scale_caveat)
     if current_from == "default":
-        caveats.append(f"current {knob.name} = {current!r} is the Megatron default: the "
-                       "contract's megatron_args do not state it")
+        now = "is unset (the Megatron default)" if current is None else \
+            f"= {current!r} is the Megatron default"
+        caveats.append(f"current {knob.name} {now}: the contract's megatron_args do not state it")
     reasons += illegal
     memory = change_memory(rule, inp, base)
     if reasons and set(reasons) <= env_only:

@@ -674,7 +674,11 @@ def test_micro_batch_size_claims_both_ways_on_h200_traces(folder: str, mbs: int,
     args = {"global_batch_size": gbs, "data_parallel_size": dp, "position_embedding_type": "rope"}
     v = _verdict(trace, files, {**args, "micro_batch_size": mbs}, "micro_batch_size")
     assert v["verdict"] == "confirmed", v
-    assert v["evidence"]["probe.micro.per_step"] == per_step == v["evidence"]["probe.micro.expected"]
+    ev = v["evidence"]
+    assert ev["probe.micro.micro_batches_per_step"] == gbs // (mbs * dp) == \
+        ev["probe.micro.micro_batches_expected"]
+    assert ev["probe.micro.lookups_per_step"] == per_step == \
+        gbs // (mbs * dp) * ev["probe.micro.lookups_per_micro_batch"]
     if gbs % (2 * mbs * dp) == 0:
         v = _verdict(trace, files, {**args, "micro_batch_size": 2 * mbs}, "micro_batch_size")
         assert v["verdict"] == "contradicted", v

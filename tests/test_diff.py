@@ -212,3 +212,15 @@ def test_logs_given_as_references_state_the_configuration(capsys: pytest.Capture
         "recompute_granularity: full → unset", "recompute_method: uniform → unset",
         "recompute_num_layers: 1 → unset"]
     assert not any(w.startswith("model shape not compared") for w in as_logs["warnings"])
+
+
+def test_a_log_with_no_unprofiled_iteration_still_states_its_configuration(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A five-iteration log whose every iteration is warm-up or profiled has no reference step;
+    the comparison measures the traces' own steps, so it still reads the log's arguments and
+    memory (it once refused the log that `--contract-a` takes)."""
+    a, b = TR / "grid_host_mbs1_seq_rcfull_a2a_eager", TR / "mlm_host_mbs8_rcnone"
+    doc, _ = _diff(capsys, str(a / "trace.json.gz"), str(b / "trace.json.gz"),
+                   "--log-a", str(a / "train.log"), "--log-b", str(b / "train.log"))
+    assert doc["config"]["a_from"] == "log"
+    assert "micro_batch_size: 1 → 8" in [c["text"] for c in doc["config"]["changes"]]

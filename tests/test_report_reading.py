@@ -87,8 +87,9 @@ def test_verdict_leads_the_page(pages: dict[str, Path]) -> None:
     assert text.startswith(f"Verdict host-bound ({share:.1f} % of the step) · paced by the host · "
                            f"median step {diag['step_time_s'] * 1e3:,.2f} ms · top change: "
                            f"{rec['title']}, predicted {sp['mid'] * 100:+.1f} % "
-                           f"({sp['low'] * 100:+.1f} % to {sp['high'] * 100:+.1f} %), memory "
-                           f"{rec['memory']['verdict']}."), text
+                           f"({sp['low'] * 100:+.1f} % to {sp['high'] * 100:+.1f} %) over the "
+                           f"{rec['gain']['step_time_s']['before'] * 1e3:,.2f} ms unprofiled "
+                           f"step of train.log, memory {rec['memory']['verdict']}."), text
 
 
 def test_steps_analysed_is_a_count(pages: dict[str, Path]) -> None:

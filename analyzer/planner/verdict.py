@@ -189,7 +189,8 @@ def _decide(alloc: float | None, lo: float, hi: float, capacity: float, cap_from
     ctx = c.cuda_context_bytes / GIB
     hi = max(hi, lo)
     usable = capacity * (1 - c.verdict_margin)
-    words = f"predicted reserved {lo:.1f}–{hi:.1f} GiB + {ctx:.1f} GiB context"
+    span = f"{lo:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}–{hi:.1f}"
+    words = f"predicted reserved {span} GiB + {ctx:.1f} GiB context"
     if lo + ctx > capacity:
         verdict, why = DOES_NOT_FIT, f"{words}: over the {capacity:.1f} GiB GPU even at the low end"
     elif hi + ctx <= usable:

@@ -142,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
 
         analyses = []
         opts = scale.options_from_args(args)
-        refs = [reference_args.from_args(args, "-a"), reference_args.from_args(args, "-b")]
+        refs = [reference_args.from_args(args, "-a", require_step=False),
+                reference_args.from_args(args, "-b", require_step=False)]
         for label, p, con, ref in zip("AB", (args.a, args.b), (con_a, con_b), refs, strict=True):
             if scale.wanted([p], opts):  # many ranks: summarised per rank (docs/scale.md)
                 an, mapped = scale.diagnose_many([p], opts, con, audit=con is not None,

@@ -276,7 +276,8 @@ def render(doc: dict[str, Any], *, contract: str | None = None) -> str:
         sp = p["gain"]["speedup"]
         ch = p["change"]
         lines += ["", f"prerequisite for {p['rule']} ({ch['knob']} → {ch['to']}): "
-                      f"unlocks {_pct(sp['low'])} … {_pct(sp['high'])}"]
+                      + (f"unlocks {_pct(sp['low'])} … {_pct(sp['high'])}" if sp["high"]
+                         else "unlocks no predicted gain on this trace")]
         lines += [f"  - needs: {n}" for n in p["needs"]]
     for b in doc["blocked"]:
         head = "considered, does not fit" if (b.get("memory") or {}).get("verdict") == \

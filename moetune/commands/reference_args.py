@@ -25,12 +25,15 @@ def add_arguments(p: argparse.ArgumentParser, suffix: str = "", who: str = "") -
                    help=who + SNAPSHOT_HELP)
 
 
-def from_args(args: argparse.Namespace, suffix: str = "") -> Any:
-    """The `moetune.analysis.Reference` of the parsed arguments, or None when none was given."""
+def from_args(args: argparse.Namespace, suffix: str = "", *, require_step: bool = True) -> Any:
+    """The `moetune.analysis.Reference` of the parsed arguments, or None when none was given.
+    `require_step=False`: a log with no unprofiled iteration still gives its arguments and
+    memory (a comparison measures the traces' own steps)."""
     from moetune.analysis import read_reference
 
     key = suffix.replace("-", "_")
-    return read_reference(getattr(args, f"log{key}"), getattr(args, f"memory_snapshot{key}"))
+    return read_reference(getattr(args, f"log{key}"), getattr(args, f"memory_snapshot{key}"),
+                          require_step=require_step)
 
 
 def given(args: argparse.Namespace, suffix: str = "") -> bool:
