@@ -15,17 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import yaml
 from moetune.analyzer.frames import EVENTS_SCHEMA, require
 
 from moetune.errors import UserError
-from moetune.resources import data, schema
+from moetune.resources import data, read_catalog, schema
 from moetune.schema_check import first_error
 from moetune.vocabulary import WALLS
 
 CLASSES_PATH = data("moetune.analyzer", "kernel_classes.yaml")
 SCHEMA_PATH = schema("kernel_classes")
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 10× faster when present
 
 WALL = pl.Enum(list(WALLS))
 RCLASSES: tuple[str, ...] = (
@@ -72,10 +70,7 @@ def load_classes(path: str | Path | None = None) -> KernelClasses:
 
 @lru_cache(maxsize=8)
 def _load(path: str) -> KernelClasses:
-    try:
-        doc = yaml.load(Path(path).read_text(), Loader=_YAML_LOADER)
-    except (OSError, yaml.YAMLError) as exc:
-        raise UserError(f"cannot read kernel classes: {exc}", path=path) from None
+    doc = read_catalog(path, "kernel classes")
     validate_classes(doc, path)  # every load, the shipped file too (moetune.schema_check: ~1 ms)
     rec = doc.get("recompute") or {}
     return KernelClasses(

@@ -15,15 +15,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from moetune.errors import UserError
-from moetune.resources import data, schema
+from moetune.resources import data, read_catalog, schema
 from moetune.schema_check import first_error
 
 PHASES_PATH = data("moetune.analyzer", "phases.yaml")
 SCHEMA_PATH = schema("phases")
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # Where a label came from, strongest first (`source` of a phase row)
 SOURCES: tuple[str, ...] = ("nvtx", "scope", "stack", "kernel", "sequence")
@@ -94,10 +91,7 @@ def load_phases(path: str | Path | None = None) -> PhaseBook:
 
 @lru_cache(maxsize=4)
 def _load(path: str) -> PhaseBook:
-    try:
-        doc = yaml.load(Path(path).read_text(), Loader=_YAML_LOADER)
-    except (OSError, yaml.YAMLError) as exc:
-        raise UserError(f"cannot read phases: {exc}", path=path) from None
+    doc = read_catalog(path, "phases")
     validate_phases(doc, path)  # every load, the shipped file too (moetune.schema_check: ~1 ms)
     book = PhaseBook(
         phases=tuple(Phase(p["phase"], p["title"], p["part"], p.get("flops"), p.get("spreads", True))

@@ -336,7 +336,8 @@ def _resolve(items: pl.DataFrame, book: PhaseBook, layers_per_pass: int | None) 
         pl.Series("phase", phase, dtype=pl.String).gather(run).alias("phase"),
         pl.Series("source", src, dtype=pl.String).gather(run).alias("source"),
         pl.Series("_seq_layer", layer[run], dtype=pl.Int32))
-    return _layers(items, passes, layers_per_pass)
+    in_layers = frozenset(p.phase for p in book.phases if p.part in ("layer", "moe"))
+    return _layers(items, passes, layers_per_pass, in_layers)
 
 
 def resolve_stream(runs: list[_Run], book: PhaseBook, layers_per_pass: int | None = None
@@ -510,9 +511,11 @@ def _resolve_block(block: list[_Run], kind, spreads: dict[str, bool], before: st
 
 
 def _layers(items: pl.DataFrame, passes: dict[int, dict[str, list[int]]],
-            layers_per_pass: int | None) -> Labelled:
+            layers_per_pass: int | None, in_layers: frozenset[str]) -> Labelled:
     """Layer per item: a layer range's index (stack) where there is one, else the counted one;
-    recompute work takes the layer of the backward work it is followed by on its thread."""
+    recompute work takes the layer of the backward work it is followed by on its thread. Only
+    the phases of a layer (`in_layers`: parts layer and moe) keep one: the embedding, the loss
+    and the step's reduction and optimizer run outside every layer, whatever ran before them."""
     has_stack = items.select(pl.col("r_layer").is_not_null().any()).item()
     seq = pl.when(pl.col("_seq_layer") >= 0).then(pl.col("_seq_layer"))
     lay = (pl.when(pl.col("r_layer").is_not_null()).then(pl.col("r_layer") + 1).otherwise(seq)
@@ -532,6 +535,8 @@ def _layers(items: pl.DataFrame, passes: dict[int, dict[str, list[int]]],
                                                 maintain_order="left").with_columns(
             pl.when(pl.col("direction") == "recompute").then(pl.col("_bl"))
             .otherwise(pl.col("layer")).alias("layer")).drop("_r", "_bl")
+    items = items.with_columns(pl.when(pl.col("phase").is_in(list(in_layers)))
+                               .then(pl.col("layer")).alias("layer"))
     any_layer = items.select(pl.col("layer").is_not_null().any()).item()
     source = ("stack" if has_stack else "sequence") if any_layer else None
     keep = [c for c in ITEM_SCHEMA if c in items.columns]

@@ -134,3 +134,12 @@ def test_a_trace_or_compressed_log_where_text_goes(tmp_path: Path) -> None:
                      ["audit", "--contract", str(path), str(TRACE)]):
             rc, _out, err = _run(argv)
             assert rc == 2 and err.splitlines() == [f"moetune: {path}: {said}"], (argv, err)
+
+
+def test_an_empty_log_is_empty(tmp_path: Path) -> None:
+    """`contract from-log` of an empty file says so, as every reader does, rather than listing
+    the argument sources it looked for."""
+    empty = tmp_path / "train.log"
+    empty.write_text("")
+    rc, _out, err = _run(["contract", "from-log", str(empty)])
+    assert rc == 2 and err.splitlines() == [f"moetune: {empty}: is empty: no Megatron log to read"]

@@ -133,6 +133,8 @@ def _finite(value: object) -> object:
 
 def _nothing_found(text: str) -> str:
     """The refusal: what was looked for; Megatron-Bridge named only for a Bridge log."""
+    if not text.strip():
+        return "is empty: no Megatron log to read"
     msg = ("no Megatron-LM arguments found: no argument dump ('---- arguments ----') or argument "
            "lines, no 'using world size' line, no pretrain_*.py command line, no echoed --flags")
     if any(marker in text for marker in _BRIDGE):
