@@ -18,9 +18,10 @@ import polars as pl
 from moetune.analyzer.frames import EVENTS_SCHEMA, require
 
 from moetune.errors import UserError
-from moetune.resources import data, read_catalog, schema
+from moetune.resources import data, schema
 from moetune.schema_check import first_error
 from moetune.vocabulary import WALLS
+from moetune.yamlio import read_catalog
 
 CLASSES_PATH = data("moetune.analyzer", "kernel_classes.yaml")
 SCHEMA_PATH = schema("kernel_classes")

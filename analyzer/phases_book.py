@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from moetune.errors import UserError
-from moetune.resources import data, read_catalog, schema
+from moetune.resources import data, schema
 from moetune.schema_check import first_error
+from moetune.yamlio import read_catalog
 
 PHASES_PATH = data("moetune.analyzer", "phases.yaml")
 SCHEMA_PATH = schema("phases")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
 
 
 def data(package: str, *parts: str) -> Path:
@@ -25,16 +24,3 @@ def demo_trace() -> Path:
     """The small real H200 Megatron-Core trace `moetune diagnose` reads when given no path."""
     return data("moetune", "data", DEMO_TRACE)
 
-
-def read_catalog(path: str | Path, what: str) -> Any:
-    """A YAML catalog (kernel classes, phases, …) as plain data, read with libyaml's loader when
-    present (10× faster); unreadable or malformed YAML is one line naming the file."""
-    import yaml
-
-    from moetune.errors import UserError  # a leaf module: imported only when a catalog is read
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        return yaml.load(Path(path).read_text(), Loader=loader)
-    except (OSError, yaml.YAMLError) as exc:
-        raise UserError(f"cannot read {what}: {exc}", path=path) from None
