@@ -346,13 +346,17 @@ def classify_failure(text: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def parse_file(path: str | Path) -> ParsedLog:
+def read_log(path: str | Path) -> str:
+    """A log's text (undecodable bytes replaced); an unreadable file is one line naming it."""
     p = Path(path)
     try:
-        text = p.read_text(errors="replace")
+        return p.read_text(errors="replace")
     except OSError as exc:
         raise UserError(f"cannot read log: {exc.strerror or exc}", path=p) from None
-    return parse_text(text)
+
+
+def parse_file(path: str | Path) -> ParsedLog:
+    return parse_text(read_log(path))
 
 
 def _frame(rows: list[dict[str, Any]], schema: pl.Schema) -> pl.DataFrame:

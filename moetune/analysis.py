@@ -153,16 +153,17 @@ def read_reference(log: str | Path | None = None, snapshots: Sequence[str | Path
         return None
     step, lines, path, log_contract = None, None, None, None
     if log is not None:
-        from moetune.executor.logparse import parse_file, reference_step
+        from moetune.executor.logparse import parse_text, read_log, reference_step
 
         path = Path(log)
-        parsed = parse_file(path)
+        text = read_log(path)  # once: its iterations, its memory lines and its arguments
+        parsed = parse_text(text)
         step = reference_step(parsed, profiled=profiled)
         if step is None and require_step:
             raise UserError("no iteration time outside warm-up and the profiled iterations "
                             "(`elapsed time per iteration (ms)` lines)", path=path)
         lines = parsed.memory
-        log_contract = _log_contract(path)
+        log_contract = _log_contract(text)
     summaries, ranks = [], []
     if snapshots:
         from moetune.analyzer.memory_evidence import (
@@ -180,14 +181,13 @@ def read_reference(log: str | Path | None = None, snapshots: Sequence[str | Path
                      log_contract=log_contract)
 
 
-def _log_contract(path: Path) -> dict[str, Any] | None:
+def _log_contract(text: str) -> dict[str, Any] | None:
     """The contract a log's argument dump states, when it validates (else None: a log without
     its arguments still gives its step time and memory)."""
     from moetune.analyzer.megatron_args import contract_from_log
-    from moetune.errors import read_user_text
 
     try:
-        found = contract_from_log(read_user_text(path, errors="replace"))
+        found = contract_from_log(text)
         if found and found.get("megatron_args"):
             read_contract(found)  # validates
             return found
