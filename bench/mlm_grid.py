@@ -6,7 +6,9 @@ Device side (bench/gpu/mlm_grid.sh calls it; standard library only):
     python3 bench/mlm_grid.py run JOB... --megatron /tmp/mlm --work /tmp/g --out $OUT --deadline-s 520
 
 A JOB is `SHAPE:POINT` (a profiled grid run, e.g. `host:mbs1_seq_rcfull_a2a_eager`),
-`SHAPE:POINT@rep` (an unprofiled repeat: one more fresh process), or a probe `probe:NAME`
+`SHAPE:POINT@rep` (an unprofiled repeat: one more fresh process), `end:SHAPE:TUNE_JSON` (the final
+command of a `moetune tune --json` session, unprofiled: the loop's end point measured beside the
+grid's best in the same call), or a probe `probe:NAME`
 (PROBES: the runs that give the other parts of the tool real inputs). Jobs run one at a time in
 the order given, each a fresh process timed from start to exit; a job that would pass the deadline
 (its estimate: the last finished job of its shape) is recorded as `skipped`. Each result is
@@ -86,6 +88,15 @@ def job_error(job: str, probes_: dict[str, Any]) -> str | None:
         return None if rest in probes_ else f"no probe {rest!r} (one of {sorted(probes_)})"
     if kind == "ckpt":
         return None if rest else "ckpt:MODE"
+    if kind == "end":
+        shape, _, path = rest.partition(":")
+        if shape not in ms.SHAPES:
+            return f"end:SHAPE:TUNE_JSON: no shape {shape!r}"
+        try:
+            json.loads(Path(path).read_text())["final_command"]
+        except (OSError, ValueError, KeyError) as exc:
+            return f"end:{shape}:{path}: not a `moetune tune --json` document ({exc})"
+        return None
     if kind not in ms.SHAPES:
         return f"no shape {kind!r} (one of {sorted(ms.SHAPES)})"
     try:
@@ -129,6 +140,11 @@ def run(args: argparse.Namespace) -> int:
             emit(out, {"id": name, "rc": p.returncode, "wall_s": round(time.time() - t0, 1),
                        "error": p.stderr[-300:] if p.returncode else None})
             continue
+        elif kind == "end":  # the final command of a `moetune tune --json` session, unprofiled
+            shape, _, path = rest.partition(":")
+            tuned = json.loads(Path(path).read_text())
+            point, beyond = ms.point_of(tuned["final_command"], tuned["final_env"])
+            name = f"{shape}_tune_end"
         else:
             shape, point, extra = kind, ms.parse_id(rest), []
             name = f"{shape}_{rest}" + ("_rep" if repeat else "")
@@ -141,11 +157,17 @@ def run(args: argparse.Namespace) -> int:
         while d.exists():  # a second repeat of a point in one call
             k += 1
             d = work / f"{name}{k}"
-        cmd = ms.command(args.megatron, shape, point, str(d / "tb"), repeat=repeat, extra=extra)
-        res = run_one(cmd, d, env)
+        if kind == "end":
+            cmd = list(tuned["final_command"])
+            res = run_one(cmd, d, {**env, **tuned["final_env"]})
+            rec = {"point": ms.point_id(point), "beyond_grid": beyond, "tune_end": True}
+        else:
+            cmd = ms.command(args.megatron, shape, point, str(d / "tb"), repeat=repeat,
+                             extra=extra)
+            res = run_one(cmd, d, env)
+            rec = {"point": ms.point_id(point)}
         walls[shape] = res["wall_s"]
-        emit(out, {"id": d.name, "shape": shape, "point": ms.point_id(point), "job": job,
-                   "command": cmd, **res})
+        emit(out, {"id": d.name, "shape": shape, **rec, "job": job, "command": cmd, **res})
     pack(out, work)
     return 0
 
@@ -253,6 +275,8 @@ def report(args: argparse.Namespace) -> int:
         cmd = r.get("command") or []
         if r.get("point", "").endswith("_local") and "--cuda-graph-modules" not in cmd:
             r["point"] = r["point"] + "_layer"  # call 2 ran "local" as whole layers
+        if r.get("beyond_grid"):  # a tune end point that sets more than the grid's knobs
+            r["point"] = f"{r['point']} + {' '.join(r['beyond_grid'])}"
         if r.get("status") != "ok" and r.get("status") not in ("oom", "crash", "refused"):
             continue
         key = f"{r.get('shape')}:{r.get('point')}"

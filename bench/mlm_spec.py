@@ -131,6 +131,43 @@ def command(megatron: str, shape: str, p: dict[str, Any], tb_dir: str, *,
             *(extra or [])]
 
 
+# flags every point carries whatever its knobs: not part of a point's id
+_BASE_FLAGS = {f for f in [*NO_TE_FLAGS, *COMMON_FLAGS, *PROTOCOL, "--tensorboard-dir",
+                           "--recompute-modules", "--cuda-graph-modules",
+                           *(x for sh in SHAPES.values() for x in sh["flags"])]
+               if f.startswith("--")}
+
+
+def point_of(argv: list[str], env: dict[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The grid point a command runs (`tune`'s final command), and what it sets beyond the
+    grid's knobs (flags and environment the point ids cannot spell), as `--flag value` texts."""
+    flags: dict[str, list[str]] = {}
+    cur: str | None = None
+    for a in argv[argv.index(next(x for x in argv if x.endswith("pretrain_gpt.py"))) + 1:]:
+        if a.startswith("--"):
+            cur = a
+            flags[cur] = []
+        elif cur is not None:
+            flags[cur].append(a)
+    one = {k: (v[0] if v else "") for k, v in flags.items()}
+    rc = one.get("--recompute-granularity", "none")
+    modules = flags.get("--recompute-modules")
+    graphs = "eager"
+    if one.get("--cuda-graph-impl") == "local":
+        graphs = ("local" if sorted(flags.get("--cuda-graph-modules") or []) ==
+                  ["moe_preprocess", "moe_router"] else "local_layer")
+    p = {"mbs": int(one.get("--micro-batch-size", 1)), "grouped": "--moe-grouped-gemm" in flags,
+         "recompute": rc, "dispatcher": one.get("--moe-token-dispatcher-type", "allgather"),
+         "graphs": graphs}
+    known = {f for f in knob_flags(p) if f.startswith("--")} | _BASE_FLAGS
+    extra = [f"{k} {' '.join(v)}".strip() for k, v in flags.items()
+             if k not in known]
+    if rc == "selective" and modules not in (None, ["core_attn"]):
+        extra.append("--recompute-modules " + " ".join(modules))  # the grid's is the default
+    extra += [f"{k}={v}" for k, v in sorted((env or {}).items())]
+    return p, extra
+
+
 def neighbours(p: dict[str, Any]) -> list[dict[str, Any]]:
     p = full_point(p)
     return [{**p, k: v} for k, values in KNOBS.items() for v in values if v != p[k]]
