@@ -154,14 +154,17 @@ class Runner:
 
     def estimate_s(self, label: str | None = None) -> float:
         """Seconds the next run is likely to take: the latest finished run of the same
-        configuration (`label`), else the longer of the latest two runs."""
+        configuration (`label`), else the latest run: a new candidate is one change from the
+        current baseline, whose latest run (or its accepted candidate's) is the closest in size;
+        an older run can be the start's, many times longer (Megatron-LM's MBS 1 profile run took
+        141 s where the MBS 8 runs after it took 71 s)."""
         runs = self.finished()
         if not runs:
             return 0.0
         same = [r for r in runs if label is not None and r.get("label") == label]
         if same:
             return same[-1]["finished_at"] - same[-1]["started_at"]
-        return max(r["finished_at"] - r["started_at"] for r in runs[-2:])
+        return runs[-1]["finished_at"] - runs[-1]["started_at"]
 
     def finished(self) -> list[dict[str, Any]]:
         return [r for r in self.ledger.runs(self.session)
