@@ -151,7 +151,8 @@ def test_a_saved_diagnosis_takes_only_its_own_reference(tmp_path: Path) -> None:
 
 def test_without_a_contract_the_logs_arguments_stand_in() -> None:
     """Megatron-LM at MBS 8 = GBS 8 without TE: with its log, nothing proposes a larger
-    micro-batch (none is legal) or TE's graphs (the log says local), and memory is priced."""
+    micro-batch (none is legal), TE's graphs (the log says local), or local graphs of the MoE
+    scopes (its log says GPT, not hybrid: they ran eager on the H200, bench/grid_mlm)."""
     run = [sys.executable, "-m", "moetune", "recommend", str(HOST8 / "trace.json.gz")]
     bare = subprocess.run([*run, "--json"], capture_output=True, text=True, timeout=300,
                           check=True)
@@ -160,9 +161,9 @@ def test_without_a_contract_the_logs_arguments_stand_in() -> None:
     rules = [r["rule"] for r in json.loads(p.stdout)["recommendations"]]
     assert "host.larger-micro-batch" in [r["rule"] for r in json.loads(bare.stdout)["recommendations"]]
     assert "host.larger-micro-batch" not in rules and "host.cuda-graphs" not in rules
-    assert rules[0] == "host.cuda-graphs-local"
-    top = json.loads(p.stdout)["recommendations"][0]
-    assert top["memory"]["verdict"] == "fits"
+    assert "host.cuda-graphs-local" not in rules
+    blocked = {b["rule"]: b for b in json.loads(p.stdout).get("blocked") or []}
+    assert "MoETransformerLayer" in " ".join(blocked["host.cuda-graphs-local"]["reasons"])
     text = subprocess.run([*run, "--log", str(HOST8 / "train.log")], capture_output=True,
                           text=True, timeout=300, check=True)
     assert "train.log's arguments" in text.stdout.splitlines()[0]
