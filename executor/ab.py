@@ -49,6 +49,11 @@ def run_noise(groups: Sequence[Sequence[float]], policy: Policy) -> float:
     return math.sqrt((PRIOR_WEIGHT * policy.noise_prior ** 2 + ss) / (PRIOR_WEIGHT + dof))
 
 
+def noise_dof(groups: Sequence[Sequence[float]]) -> int:
+    """Degrees of freedom the session's own repeated runs lend `run_noise` (0: the prior alone)."""
+    return sum(max(len([x for x in g if x and x > 0]) - 1, 0) for g in groups)
+
+
 def judge(pairs: Sequence[Mapping[str, Any]], sigma: float, policy: Policy, *,
           enabler: bool = False) -> dict[str, Any]:
     """The state of the evidence after `pairs`: `win`, `no-win`, `kept` (an enabler not

@@ -236,6 +236,27 @@ def test_one_pair_decides_only_a_clear_win() -> None:
     assert pairs_needed(0.08, 0.10, pol) > 4
 
 
+def test_a_prediction_the_prior_hides_is_tried_until_noise_is_measured() -> None:
+    """Megatron-LM's memory shape (bench/grid_mlm, tune3): expandable segments unlocking selective
+    recompute, +10.3 %, needs 9 pairs at the 10 % prior. With no configuration run twice the prior
+    is a guess and the pairs measure the noise, so the loop judges it; once repeated runs measure a
+    noise that hides it, the loop stops and says why."""
+    from moetune.executor.loop import _not_worth
+    from moetune.executor.validate import Policy
+
+    pol = Policy()
+    cand = {"label": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "source":
+            "memory.expandable-segments", "predicted_gain": 0.0, "value": 0.103}
+    unmeasured = {"baseline": [1637.4], "micro_batch_size=8": [932.2]}
+    assert _not_worth(cand, [], set(), None, unmeasured, pol, "baseline") is None  # type: ignore[arg-type]
+    noisy = {"baseline": [900.0, 1000.0, 1100.0, 950.0], "micro_batch_size=8": [500.0]}
+    why = _not_worth(cand, [], set(), None, noisy, pol, "baseline")  # type: ignore[arg-type]
+    assert why is not None and "cannot be told from the run-to-run noise" in why
+    # a gain under --min-gain is never tried, measured noise or not
+    small = {**cand, "value": 0.015}
+    assert _not_worth(small, [], set(), None, unmeasured, pol, "baseline") is not None  # type: ignore[arg-type]
+
+
 def test_tune_that_cannot_diagnose_says_so(tmp_path: Path) -> None:
     """A CPU run's profile has no GPU events: with no --try the loop has nothing to go on, and
     says so in one line with exit 2 instead of recommending nothing."""
