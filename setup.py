@@ -3,7 +3,7 @@ loops: cycle check and critical-path walk);
 everything else is pyproject.toml.
 
 `optional=True`: on a machine without a C compiler the install still succeeds and each falls back
-to its pure-Python path (same results, slower; analyzer/readers/kineto.py, analyzer/graph.py
+to its pure-Python path (same results, slower; analyzer/readers/kineto_scan.py, analyzer/graph.py
 `_acyclic`, analyzer/critical_path.py `_walk_py`).
 """
 

@@ -303,7 +303,7 @@ def claim(name: str, *, kind: str = "kernel", copy_kind: str | None = None,
                                "copy_mem": pl.String, "bytes": pl.Int64})
     if kind == "memcpy":  # direction and memory kinds read from the name, as the readers do
         from moetune.analyzer.frames import copy_mem_of_name
-        from moetune.analyzer.readers.kineto import COPY_KINDS_IN_NAME
+        from moetune.analyzer.readers.kineto_format import COPY_KINDS_IN_NAME
 
         key = key.with_columns(
             pl.col("copy_kind").fill_null(pl.when(pl.col("name").str.slice(7, 4).is_in(

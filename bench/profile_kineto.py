@@ -6,12 +6,14 @@ threads, user + system), MB of JSON per CPU-second, optionally a cProfile of one
     python bench/profile_kineto.py FILE ... --python-too   # compiled scanner vs pure-Python reader
     python bench/profile_kineto.py FILE ... --scan-sources  # the scanner alone: file map vs buffer
 
-`--against PATH` loads another copy of the reader module (e.g. `git show HEAD~1:analyzer/readers/
-kineto.py > /tmp/kineto_before.py`) and alternates reads between the two, so that both see the
-same machine load; the best of N of each is printed (CPU seconds, all threads, and wall seconds:
-the compiled scanner reads with one thread per part of at least 4 MB, up to one per core).
+`--against PATH` loads another copy of the reader's entry module (e.g. `git show HEAD~1:analyzer/
+readers/kineto.py > /tmp/kineto_before.py`) and alternates reads between the two, so that both see
+the same machine load; the best of N of each is printed (CPU seconds, all threads, and wall seconds:
+the compiled scanner reads with one thread per part of at least 4 MB, up to one per core). A
+`kineto.py` from before the reader was split into `kineto_*.py` modules is the whole reader; a later
+one imports those modules from this tree, so the A/B then sees changes to `kineto.py` alone.
 `--python-too` adds the current reader with its compiled scanner switched off
-(`USE_COMPILED = False`). `--rss` first reads each file once in a fresh subprocess per reader and prints its peak RSS (`ru_maxrss`), before this process reads anything:
+(`kineto_scan.USE_COMPILED = False`). `--rss` first reads each file once in a fresh subprocess per reader and prints its peak RSS (`ru_maxrss`), before this process reads anything:
 Linux carries a parent's high-water mark into a child across fork/exec, so a child started after
 a big read would report the parent's peak.
 """
@@ -41,7 +43,9 @@ spec = importlib.util.spec_from_file_location("kineto_under_test", sys.argv[2])
 mod = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = mod
 spec.loader.exec_module(mod)
-mod.USE_COMPILED = sys.argv[4] == "compiled"
+from moetune.analyzer.readers import kineto_scan
+# the switch is kineto_scan's since the split; a single-file reader from before it has its own
+kineto_scan.USE_COMPILED = mod.USE_COMPILED = sys.argv[4] == "compiled"
 mod.read_kineto(Path(sys.argv[1]), default_rank=0)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
@@ -80,15 +84,17 @@ def scan_sources(path: Path, repeat: int) -> None:
     import mmap
     import resource
 
-    kineto = load_reader(READER, "kineto_scan_sources")
-    scan = kineto._kineto_scan.scan
+    from moetune.analyzer.readers import kineto_scan
+
+    scan = kineto_scan._kineto_scan.scan
 
     def once(source: str, threads: int) -> float:
         with path.open("rb") as fh:
             data = (fh.read() if source == "bytes"
                     else mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY))
         t = time.perf_counter()
-        scan(data, *kineto._SCAN_SPEC, source == "map, released", threads, kineto.SCAN_PART_BYTES)
+        scan(data, *kineto_scan._SCAN_SPEC, source == "map, released", threads,
+             kineto_scan.SCAN_PART_BYTES)
         dt = time.perf_counter() - t
         if isinstance(data, mmap.mmap):
             data.close()
@@ -135,15 +141,28 @@ def main() -> None:
             rss = "  ".join(f"{k} {peak_rss_mb(p, r, k != 'python'):.0f} MB"
                             for k, r in readers.items())
             print(f"{p.name}: peak RSS {rss}", flush=True)
+    from moetune.analyzer.readers import kineto_scan
+
     mods = {k: load_reader(r, f"kineto_{k}") for k, r in readers.items()}
-    if "python" in mods:
-        mods["python"].USE_COMPILED = False
+
+    def read_with(name: str) -> Callable[..., object]:
+        """`name`'s reader, its scanner switched first: since the split the switch is
+        kineto_scan's, shared by every copy of kineto.py; a single-file reader has its own."""
+        mod = mods[name]
+
+        def read(path: Path, default_rank: int) -> object:
+            kineto_scan.USE_COMPILED = mod.USE_COMPILED = name != "python"
+            return mod.read_kineto(path, default_rank=default_rank)
+
+        return read
+
+    reads = {k: read_with(k) for k in mods}
     for p in args.files:
         mb = p.stat().st_size / 1e6
         best = {k: (float("inf"), float("inf")) for k in mods}
         for _ in range(args.repeat):
-            for k, m in mods.items():
-                cpu, wall = cpu_of(m.read_kineto, p)
+            for k, read in reads.items():
+                cpu, wall = cpu_of(read, p)
                 best[k] = (min(best[k][0], cpu), min(best[k][1], wall))
         cols = "  |  ".join(
             f"{k}: {cpu:.3f} CPU-s {mb / cpu:6.1f} MB/CPU-s {wall:.3f} s"
@@ -152,7 +171,7 @@ def main() -> None:
         print(f"{p.name} ({mb:.1f} MB): {cols}", flush=True)
         if args.profile:
             prof = cProfile.Profile()
-            prof.runcall(mods["now"].read_kineto, p, default_rank=0)
+            prof.runcall(reads["now"], p, default_rank=0)
             pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 

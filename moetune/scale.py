@@ -197,7 +197,7 @@ def _map_one(path: str, index: int, cache: str, okey: str, window: str | None,
         return {"error": f"{cache}: cannot write the summary of {Path(path).name} "
                          f"({exc.strerror or exc})"}
     finally:
-        from moetune.analyzer.readers.kineto import trim_heap
+        from moetune.analyzer.readers.kineto_scan import trim_heap
 
         trim_heap()  # the trace's freed memory back to the OS before the next file
 

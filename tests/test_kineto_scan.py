@@ -21,7 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from moetune.analyzer.frames import Trace
-from moetune.analyzer.readers import kineto as k
+from moetune.analyzer.readers import kineto_scan as k
+from moetune.analyzer.readers.kineto import read_kineto
+from moetune.analyzer.readers.kineto_decode import _open
+from moetune.analyzer.readers.kineto_format import _ARG_KEY_OF, KIND_OF_CAT
 
 from moetune.errors import UserError
 from tests.conftest import CORPUS
@@ -47,7 +50,7 @@ def _reader(compiled: bool = True, parts: int | None = None) -> Iterator[None]:
 def _read(path: Path, compiled: bool, parts: int | None = None) -> Trace | str:
     with _reader(compiled, parts):
         try:
-            return k.read_kineto(path, default_rank=0)
+            return read_kineto(path, default_rank=0)
         except UserError as exc:
             return f"UserError: {exc}"
 
@@ -71,14 +74,14 @@ def assert_same(path: Path, parts: int | None = None) -> Trace | str:
 
 def verdict(path: Path) -> str:
     """"ok" when the scanner read the file itself, else its reason for declining."""
-    out = k._scan_columns(k._open(path))
+    out = k._scan_columns(_open(path))
     return "ok" if isinstance(out, dict) else str(out)
 
 
 def used_parts(path: Path, parts: int) -> int:
     """How many parts the scanner kept when asked for `parts` (fewer: unproven starts)."""
     with _reader(parts=parts):
-        out = k._scan_columns(k._open(path))
+        out = k._scan_columns(_open(path))
     return len(out["parts"]) if isinstance(out, dict) else 0
 
 
@@ -163,14 +166,14 @@ def test_decline_in_a_later_part_declines_the_file(tmp_path: Path) -> None:
     path = tmp_path / "late.json"
     path.write_text(json.dumps({"traceEvents": evs}, indent=1))
     with _reader(parts=8):
-        assert str(k._scan_columns(k._open(path))).startswith("an event field of unexpected type")
+        assert str(k._scan_columns(_open(path))).startswith("an event field of unexpected type")
     t = assert_same(path, parts=8)
     assert isinstance(t, Trace) and any("lenient" in w for w in t.warnings)
 
 
 # --------------------------------------------------------------------------- odd values
 
-_ARG_KEYS = [k._ARG_KEY_OF[f] for f in k._SCAN_ARG_FIELDS]
+_ARG_KEYS = [_ARG_KEY_OF[f] for f in k._SCAN_ARG_FIELDS]
 _SCALARS = st.one_of(
     st.none(),
     st.booleans(),
@@ -183,7 +186,7 @@ _SCALARS = st.one_of(
 _VALUES = st.one_of(_SCALARS, st.lists(_SCALARS, max_size=2), st.dictionaries(st.text(max_size=3), _SCALARS, max_size=2))
 _CLEAN = {
     "ph": st.sampled_from(["X", "i", "s", "f", "t", "M", "C"]),
-    "cat": st.sampled_from([*k.KIND_OF_CAT, "ac2g", "fwdbwd", "Trace"]),
+    "cat": st.sampled_from([*KIND_OF_CAT, "ac2g", "fwdbwd", "Trace"]),
     "name": st.sampled_from(["aten::mm", "record_param_comms", "[memory]", "ProfilerStep#3",
                              "nccl:all_reduce", "Memcpy DtoH (Device -> Pinned)", "k\u00e9rnel"]),
     "pid": st.one_of(st.integers(0, 9), st.sampled_from(["Spans", "Traces", "stream 3"])),
@@ -193,8 +196,8 @@ _CLEAN = {
     "id": st.integers(0, 50),
 }
 
-_STR_ARGS = {k._ARG_KEY_OF[f] for f in k._SCAN_META if f not in ("in_nelems", "out_nelems",
-                                                                  "group_size", "seq")}
+_STR_ARGS = {_ARG_KEY_OF[f] for f in k._SCAN_META if f not in ("in_nelems", "out_nelems",
+                                                                "group_size", "seq")}
 _CLEAN_ARG = {key: st.text(max_size=8) if key in _STR_ARGS else st.integers(-(2**63), 2**63 - 1)
               for key in _ARG_KEYS}
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from moetune.analyzer.frames import COMMS_SCHEMA, EVENTS_SCHEMA, FLOWS_SCHEMA, RANKS_SCHEMA, Trace
-from moetune.analyzer.readers import load_trace
+from moetune.analyzer.readers import kineto_columns, kineto_decode, kineto_scan, load_trace
 from moetune.analyzer.readers.kineto import read_kineto
 
 from moetune.errors import UserError
@@ -776,9 +776,7 @@ def test_round_trip(tmp_path: Path, rows: list[tuple[str, int, int, int, str]], 
 
 @pytest.fixture
 def python_reader(monkeypatch: pytest.MonkeyPatch) -> None:
-    import moetune.analyzer.readers.kineto as k
-
-    monkeypatch.setattr(k, "USE_COMPILED", False)
+    monkeypatch.setattr(kineto_scan, "USE_COMPILED", False)
 
 
 def _frames(t: Trace) -> tuple[pl.DataFrame, ...]:
@@ -795,13 +793,11 @@ def _whole_and_chunked(path: Path, monkeypatch: pytest.MonkeyPatch,
                        chunk: int | None = None) -> tuple:
     """`path` read by the whole-file typed decode, then by the raw-slice chunked path (`chunk`
     events at a time when given)."""
-    import moetune.analyzer.readers.kineto as k
-
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 1 << 40)
+    monkeypatch.setattr(kineto_decode, "RAW_MIN_BYTES", 1 << 40)
     whole = read_kineto(path, default_rank=0)
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 0)
+    monkeypatch.setattr(kineto_decode, "RAW_MIN_BYTES", 0)
     if chunk is not None:
-        monkeypatch.setattr(k, "CHUNK", chunk)
+        monkeypatch.setattr(kineto_columns, "CHUNK", chunk)
     return whole, read_kineto(path, default_rank=0)
 
 
@@ -853,8 +849,6 @@ def test_in_place_chunks_equal_whole_decode_and_leave_file_intact(
     untouched."""
     import hashlib
 
-    import moetune.analyzer.readers.kineto as k
-
     src = corpus / "public" / "kineto" / "hta_a100_2rank_nccl.json.gz"
     path = write(tmp_path, "a100.json", gzip.decompress(src.read_bytes()))
     digest, mtime = hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
@@ -866,15 +860,15 @@ def test_in_place_chunks_equal_whole_decode_and_leave_file_intact(
 
     # The span located from the raw slices' addresses starts and ends on those slices' bytes, with
     # a separator on either side (where the brackets go); the map holds the file's bytes after.
-    data = k._open(path)
-    doc, _ = k._decode_top(data, path)
-    origin = k._address(data)
+    data = kineto_decode._open(path)
+    doc, _ = kineto_decode._decode_top(data, path)
+    origin = kineto_columns._address(data)
     assert origin is not None and isinstance(data, mmap.mmap)
     evs = doc.traceEvents
     for base in range(0, len(evs), 999):
         chunk = evs[base : base + 999]
-        start = k._address(chunk[0]) - origin
-        end = k._address(chunk[-1]) - origin + len(chunk[-1])
+        start = kineto_columns._address(chunk[0]) - origin
+        end = kineto_columns._address(chunk[-1]) - origin + len(chunk[-1])
         assert bytes(data[start : start + len(chunk[0])]) == bytes(chunk[0])
         assert bytes(data[end - len(chunk[-1]) : end]) == bytes(chunk[-1])
         assert data[start - 1 : start] in (b"[", b",", b" ", b"\n") and data[end : end + 1] in (
@@ -883,7 +877,7 @@ def test_in_place_chunks_equal_whole_decode_and_leave_file_intact(
             b" ",
             b"\n",
         )
-        assert len(k._decode_chunk(chunk, data, origin)) == len(chunk)
+        assert len(kineto_columns._decode_chunk(chunk, data, origin)) == len(chunk)
     assert hashlib.sha256(data[:]).hexdigest() == digest
 
 
@@ -924,7 +918,7 @@ def test_unused_mistyped_arg_does_not_force_lenient_decode(
 
 def test_gpu_masks_match_categories() -> None:
     """GPU rows are found through the category's kind: the same rows as `cat ∈ GPU_CATS`."""
-    from moetune.analyzer.readers.kineto import GPU_CAT_KINDS, GPU_CATS, KIND_OF_CAT
+    from moetune.analyzer.readers.kineto_format import GPU_CAT_KINDS, GPU_CATS, KIND_OF_CAT
 
     cats = [*KIND_OF_CAT, "ac2g", "Trace", "fwdbwd", "", "KERNEL"]
     assert [c in GPU_CATS for c in cats] == [
@@ -941,7 +935,7 @@ def test_gpu_masks_match_categories() -> None:
 )
 def test_float_column_from_ints_rounds_like_float(values: list[int | None]) -> None:
     """ts/dur ints are built as Int64 then cast: identical to float(v) for every int64."""
-    from moetune.analyzer.readers.kineto import _num_series
+    from moetune.analyzer.readers.kineto_columns import _num_series
 
     got = _num_series("ts", values, pl.Float64)
     assert got.dtype == pl.Float64
@@ -949,7 +943,7 @@ def test_float_column_from_ints_rounds_like_float(values: list[int | None]) -> N
 
 
 def test_id_series_fast_and_fallback_paths() -> None:
-    from moetune.analyzer.readers.kineto import _id_series
+    from moetune.analyzer.readers.kineto_columns import _id_series
 
     assert _id_series("pid", [1, None, 2**40]).to_list() == [1, None, 2**40]
     odd = [1, "Spans", "stream 7", "", 2.0, 2**70, None, "-3"]
@@ -1001,52 +995,51 @@ def test_lean_chunks_equal_full_decode(
 ) -> None:
     """Random mixes of categories, phases and args: lean Structs + second-pass GPU/collective
     args, decoded in place in chunks, give the frames of the full whole-file typed decode."""
-    import moetune.analyzer.readers.kineto as k
-
     evs = [
         {"ph": ph, "cat": cat, "name": name, "pid": 1, "tid": 2, "ts": ts, "dur": 3, "id": i}
         | ({"args": args} if args else {})
         for i, (ph, cat, name, ts, args) in enumerate(rows)
     ]
     path = write(tmp_path_factory.mktemp("lean"), "t.json", {"traceEvents": evs})
-    old = (k.RAW_MIN_BYTES, k.CHUNK, k.USE_COMPILED)
+    old = (kineto_decode.RAW_MIN_BYTES, kineto_columns.CHUNK, kineto_scan.USE_COMPILED)
     try:
-        k.USE_COMPILED = False
-        k.RAW_MIN_BYTES = 1 << 40
+        kineto_scan.USE_COMPILED = False
+        kineto_decode.RAW_MIN_BYTES = 1 << 40
         whole = read_kineto(path, default_rank=0)
-        k.RAW_MIN_BYTES, k.CHUNK = 0, chunk
+        kineto_decode.RAW_MIN_BYTES, kineto_columns.CHUNK = 0, chunk
         chunked = read_kineto(path, default_rank=0)
     finally:
-        k.RAW_MIN_BYTES, k.CHUNK, k.USE_COMPILED = old
+        kineto_decode.RAW_MIN_BYTES, kineto_columns.CHUNK, kineto_scan.USE_COMPILED = old
     assert _same(whole, chunked)
 
 
 @pytest.mark.usefixtures("python_reader")
 def test_two_copies_of_the_reader_coexist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The buffer-address helper declares its own ctypes function objects: a second copy of the
-    module (importlib.reload, a bench comparing two readers) must not retype the first's."""
+    """The buffer-address helper (`kineto_columns._address`) declares its own ctypes function
+    objects: a second copy of its module (importlib.reload, a bench comparing two readers) must
+    not retype the first's."""
     import importlib.util
 
-    import moetune.analyzer.readers.kineto as k
-
-    spec = importlib.util.spec_from_file_location("kineto_copy", k.__file__)
+    spec = importlib.util.spec_from_file_location("kineto_columns_copy", kineto_columns.__file__)
     assert spec and spec.loader
     copy = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "kineto_copy", copy)
+    monkeypatch.setitem(sys.modules, "kineto_columns_copy", copy)
     spec.loader.exec_module(copy)
     path = write(tmp_path, "t.json", {"traceEvents": [ev(ts=100 + i) for i in range(9)]})
-    for mod in (k, copy, k):
-        monkeypatch.setattr(mod, "RAW_MIN_BYTES", 0)
+    monkeypatch.setattr(kineto_decode, "RAW_MIN_BYTES", 0)  # raw slices, decoded in place
+    for mod in (kineto_columns, copy, kineto_columns):
         monkeypatch.setattr(mod, "CHUNK", 4)
-        assert mod.read_kineto(path, default_rank=0).events.height == 9
+        data = kineto_decode._open(path)
+        doc, _ = kineto_decode._decode_top(data, path)
+        assert mod._address(data) is not None
+        raw, _ = mod._columns(doc.traceEvents, data)
+        assert raw.height == 9
 
 
 @pytest.mark.usefixtures("python_reader")
 def test_released_pages_read_back_from_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pages of decoded chunks are dropped from the private map; anything touching them again
     (the lenient fallback here, forced by a mistyped event near the end) reads the file's bytes."""
-    from moetune.analyzer.readers import kineto as k
-
     evs = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": 10.0 * i,
             "dur": 5.0, "args": {"correlation": i, "stream": 7, "device": 0}} for i in range(3000)]
     good = tmp_path / "good.json"
@@ -1055,19 +1048,19 @@ def test_released_pages_read_back_from_the_file(tmp_path: Path, monkeypatch: pyt
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"traceEvents": bad_evs}, indent=1))
     released: list[int] = []
-    real = k._release_pages
+    real = kineto_columns._release_pages
 
     def spy(data, origin, last):  # type: ignore[no-untyped-def]
         released.append(1)
         real(data, origin, last)
 
-    monkeypatch.setattr(k, "_release_pages", spy)
-    monkeypatch.setattr(k, "RAW_MIN_BYTES", 0)
-    monkeypatch.setattr(k, "CHUNK", 100)
+    monkeypatch.setattr(kineto_columns, "_release_pages", spy)
+    monkeypatch.setattr(kineto_decode, "RAW_MIN_BYTES", 0)
+    monkeypatch.setattr(kineto_columns, "CHUNK", 100)
     before = bad.read_bytes()
-    a = k.read_kineto(good, default_rank=0)
+    a = read_kineto(good, default_rank=0)
     n_good = len(released)
-    b = k.read_kineto(bad, default_rank=0)  # chunks released, then the whole file re-decoded
+    b = read_kineto(bad, default_rank=0)  # chunks released, then the whole file re-decoded
     assert n_good == 30 and len(released) > n_good
     assert bad.read_bytes() == before
     assert a.events.height == b.events.height == 3000  # the mistyped field is nulled, not the row
@@ -1088,9 +1081,7 @@ def test_negative_durations_are_dropped_and_counted(tmp_path: Path, compiled: bo
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer's negative `dur` is no interval: dropped, with the count in one warning (it had
     been clipped to 0 silently and moved the walls; issue #17)."""
-    import moetune.analyzer.readers.kineto as k
-
-    monkeypatch.setattr(k, "USE_COMPILED", compiled)
+    monkeypatch.setattr(kineto_scan, "USE_COMPILED", compiled)
     events = [ev(ts=100 + i * 10, dur=-3 if i < 3 else 5) for i in range(8)]
     tr = read_kineto(write(tmp_path, "neg.json", {"traceEvents": events}), default_rank=0)
     assert tr.events.height == 5 and (tr.events["dur_ns"] >= 0).all()

@@ -16,7 +16,8 @@ from pathlib import Path
 from moetune.analyzer.frames import Trace, concat_traces
 from moetune.analyzer.readers.compressed import READ_COMPRESSED, decompress
 from moetune.analyzer.readers.cores import cpu_count
-from moetune.analyzer.readers.kineto import read_kineto, trim_heap
+from moetune.analyzer.readers.kineto import read_kineto
+from moetune.analyzer.readers.kineto_scan import trim_heap
 from moetune.analyzer.readers.nsys import read_nsys
 from moetune.analyzer.run_identity import one_run
 

@@ -1,8 +1,8 @@
 /* Kineto JSON → Arrow columns, in one pass over the file's bytes.
  *
- * The pure-Python reader (kineto.py) spends ~1.5 µs per event building Python objects and lists;
- * this scanner reads the same fields straight into column buffers that polars imports without a
- * copy (Arrow C data interface, PyCapsules: no pyarrow, no numpy).
+ * The pure-Python reader (kineto_columns.py) spends ~1.5 µs per event building Python objects and
+ * lists; this scanner reads the same fields straight into column buffers that polars imports
+ * without a copy (Arrow C data interface, PyCapsules: no pyarrow, no numpy).
  *
  * It is a *fast path*, not a second reader: it accepts only the files the Python reader would
  * read on its own fast path with no warning (well-formed JSON, each field we use of the type
@@ -11,7 +11,7 @@
  * short reason string instead of columns, and the caller reads the file with the Python reader,
  * which owns every warning and error message. The two paths are checked to give equal frames.
  *
- * What is read, and the JSON keys, come from the caller (kineto.py), in the slot order below.
+ * What is read, and the JSON keys, come from the caller (kineto_scan.py), in the slot order below.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -267,7 +267,7 @@ static PyObject *col_export(Col *c) {
     return Py_BuildValue("(NN)", sc, ac);
 }
 
-/* ------------------------------------------------------------------ fields (slot order = kineto.py) */
+/* ------------------------------------------------------------- fields (slot order = kineto_scan.py) */
 
 /* Event-level keys, in the order the caller passes them. */
 enum { E_PH, E_CAT, E_NAME, E_PID, E_TID, E_TS, E_DUR, E_ID, E_ARGS, N_EV };
@@ -1183,7 +1183,7 @@ PyDoc_STRVAR(scan_doc,
 "Columns of a Kineto trace's traceEvents as Arrow (schema, array) capsule pairs, one set of\n"
 "tables per part of the event array (row numbers restart at 0 in each; `events` counts the\n"
 "part's events, kept or not), or a short reason\n"
-"string when the file needs the Python reader. See kineto.py for the slot order.");
+"string when the file needs the Python reader. See kineto_scan.py for the slot order.");
 
 static void init_tables(Scan *S) {
     init_cols(S->main, NCOLS(S->main), "ICCUllggll");
@@ -1332,7 +1332,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_kineto_scan",
-    "Fast path of the Kineto reader: JSON bytes to Arrow columns (see kineto.py).", -1, methods,
+    "Fast path of the Kineto reader: JSON bytes to Arrow columns (see kineto_scan.py).", -1,
+    methods,
 };
 
 PyMODINIT_FUNC PyInit__kineto_scan(void) { return PyModule_Create(&module); }

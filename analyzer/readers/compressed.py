@@ -7,7 +7,7 @@ from pathlib import Path
 
 from moetune.errors import UserError, compressed_with
 
-# read as they are, like gzip (analyzer/readers/kineto.py, open_bytes)
+# read as they are, like gzip (analyzer/readers/kineto_decode.py, `_open`)
 READ_COMPRESSED = ("xz", "bzip2")
 
 
