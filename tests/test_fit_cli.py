@@ -74,6 +74,14 @@ def test_human_output_always_prints_both_meshes():
     r = fit("--contract", str(CONTRACTS / "fit_mixtral_8x7b_h100.yaml"), "--top", "2")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("Attention: TP") == 2 and r.stdout.count("MoE: ETP") == 2
+    assert "cost " in r.stdout and "(lower ranks first)" in r.stdout  # the score is a penalty
+
+
+def test_a_small_models_size_reads_in_millions():
+    """A 30 M-parameter model printed '0.0 B params'; under a billion the count is in millions."""
+    r = fit("--contract", str(ROOT / "fixtures/traces/gpu_mcore_hostbound/golden/contract.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert "(30 M params, 8 M active)" in r.stdout.splitlines()[0]
 
 
 @pytest.mark.parametrize(("args", "binding", "words"), [
@@ -281,7 +289,7 @@ def test_ties_at_score_zero_are_explained(tmp_path: Path) -> None:
     out = json.loads(r.stdout)
     jsonschema.validate(out, SCHEMA)
     assert [p["score"] for p in out["plans"][:4]] == [0, 0, 0, 0]
-    assert out["ties"].startswith("ties: #1–#4 share score 0.000 (no penalty: none needs model "
+    assert out["ties"].startswith("ties: #1–#4 share cost 0.000 (no penalty: none needs model "
                                   "parallelism or a fit option); equal scores are ranked by more "
                                   "data parallelism")
     peaks = [p["memory"]["peak_gib"] for p in out["plans"][:4]]

@@ -335,7 +335,7 @@ def ties(scores: list[float]) -> str | None:
     tied = [(sc, ix) for sc, ix in groups.items() if len(ix) > 1]
     if not tied:
         return None
-    said = "; ".join(f"#{ix[0]}–#{ix[-1]} share score {sc:.3f}"
+    said = "; ".join(f"#{ix[0]}–#{ix[-1]} share cost {sc:.3f}"
                      + (" (no penalty: none needs model parallelism or a fit option)"
                         if sc == 0 else "") for sc, ix in tied)
     return f"ties: {said}; equal scores are ranked by {TIE_BREAK}"

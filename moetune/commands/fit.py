@@ -50,8 +50,8 @@ def render(fit: dict[str, Any]) -> str:
     w, m, c = fit["world"], fit["model"], fit["counts"]
     wl = fit["workload"]
     lines = [
-        f"moetune fit {fit['contract']} · {m['name'] or 'model'} ({m['params_b']:.1f} B params, "
-        f"{m['active_params_b']:.1f} B active) · {w['gpus']} GPUs × {w['gpu_memory_gib']:g} GiB, "
+        f"moetune fit {fit['contract']} · {m['name'] or 'model'} ({_params(m['params_b'])} params, "
+        f"{_params(m['active_params_b'])} active) · {w['gpus']} GPUs × {w['gpu_memory_gib']:g} GiB, "
         f"{w['gpus_per_node']}/node",
         f"seq {wl['seq_length']} · MBS {wl['micro_batch_size']} · GBS {wl['global_batch_size']}"
         f"{' · FP8' if wl['fp8'] else ''} · MoE imbalance ×{wl['moe_imbalance']:g} · "
@@ -67,7 +67,8 @@ def render(fit: dict[str, Any]) -> str:
         vpp = f" VPP{a['vpp']}" if a["vpp"] else ""
         lines += [
             "",
-            f"#{p['rank']}  Attention: {a['mesh']}{vpp}   MoE: {e['mesh']}   score {p['score']:.3f}",
+            f"#{p['rank']}  Attention: {a['mesh']}{vpp}   MoE: {e['mesh']}   "
+            f"cost {p['score']:.3f}" + (" (lower ranks first)" if p["rank"] == 1 else ""),
             f"    memory {mem['peak_gib']:.1f} of {mem['capacity_gib']:g} GiB (headroom "
             f"{mem['headroom_gib']:.1f} GiB, {mem['headroom_fraction']:.0%}) on pipeline rank "
             f"{mem['pipeline_rank']} · fit: {p['fit']['summary']}",
@@ -86,3 +87,8 @@ def render(fit: dict[str, Any]) -> str:
     if fit["ties"]:
         lines.append(f"note: {fit['ties']}")
     return "\n".join(lines) + "\n"
+
+
+def _params(billions: float) -> str:
+    """A parameter count a reader can tell apart: 0.24 B reads '244 M', not '0.2 B' or '0.0 B'."""
+    return f"{billions * 1e3:.0f} M" if billions < 1 else f"{billions:.1f} B"
