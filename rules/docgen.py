@@ -50,11 +50,24 @@ def _deprecated(d: Deprecated, catalog: Catalog) -> str:
     return f"`{d.flag}` = `{' '.join(now)}`"
 
 
-def _scale_note(change: Mapping[str, Any]) -> str:
+def scale_note(change: Mapping[str, Any], *, code: str = "`") -> str:
+    """What a scaling change sets beyond its fallback value (`rules show` and these docs)."""
     lim = change.get("at_most")
-    bound = f", while it divides `{lim['of']}` / `{lim.get('per', '1')}`" if lim else ""
-    return (f" (when the current value is unknown; else the current `{change['knob']}` × "
-            f"{change['scale']}{bound})")
+    bound = f", while it divides {code}{lim['of']}{code} / {code}{lim.get('per', '1')}{code}" \
+        if lim else ""
+    return (f" (when the current value is unknown; else the current {code}{change['knob']}{code} "
+            f"× {change['scale']}{bound})")
+
+
+def whatif_note(gain: Mapping[str, Any]) -> str:
+    """The replays a gain comes from, when it names any (the efficiency is their fallback)."""
+    w = gain.get("whatif")
+    if not w:
+        return ""
+    names = [w] if isinstance(w, str) else list(w)
+    return (f"; replayed by what-if {' / '.join(names)}"
+            + (" (the best estimate that fits is proposed)" if len(names) > 1 else "")
+            + ", the removal above when no replay applies")
 
 
 def _gain(spec: Mapping[str, Any]) -> str:
@@ -104,8 +117,9 @@ def render(rules: Mapping[str, Rule], catalog: Catalog) -> str:
             *_cond(r.when),
             "",
             f"- Fix: `{flags}`" + (f" · Bridge: `{bridge}`" if bridge else "")
-            + (_scale_note(s["change"]) if "scale" in s["change"] else ""),
-            f"- Gain: {_gain(s['expected_gain'])}. {s['expected_gain']['basis']}",
+            + (scale_note(s["change"]) if "scale" in s["change"] else ""),
+            f"- Gain: {_gain(s['expected_gain'])}{whatif_note(s['expected_gain'])}. "
+            f"{s['expected_gain']['basis']}",
             *(f"- Risk: {n}" for n in s["risk"]["notes"]),
             f"- Verify: {('audit `' + v['audit'] + '` confirmed; ') if v.get('audit') else ''}"
             f"`{v['metric']}` {v['direction']}" + (f"; {v['signature']}" if v.get("signature") else ""),

@@ -166,6 +166,12 @@ def test_cli_rules_show_text(capsys: pytest.CaptureFixture) -> None:
     assert out.startswith("communication.flex-deepep [preview] ")
     assert "Fix: --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep" in out
     assert "Why:" in out and "Example: before:" in out and "Verify: audit moe_token_dispatcher_type confirmed" in out
+    # a scaling change says it scales, and a replayed gain names its replays (recommend proposed
+    # MBS 8 where the card read "--micro-batch-size 2, removes 30-60 %")
+    assert main(["rules", "show", "host.larger-micro-batch"]) == 0
+    out = capsys.readouterr().out
+    assert "else the current micro_batch_size × 2, while it divides" in out
+    assert "replayed by what-if micro_batch_x2 / micro_batch_x4 / micro_batch_x8" in out
     assert main(["rules", "list"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == len(load_rules())
 

@@ -106,6 +106,7 @@ def _check(folder: Path, fixture_dirs: list[Path], *, as_json: bool = False) -> 
 
 def explain(spec: dict[str, Any], catalog: Any) -> str:
     """ruff-rule-like text: id, title, why, when, fix, gain, risk, verify, example, sources."""
+    from moetune.rules.docgen import scale_note, whatif_note
     from moetune.rules.engine import render_bridge, render_flags
 
     change = spec["change"]
@@ -135,12 +136,13 @@ def explain(spec: dict[str, Any], catalog: Any) -> str:
         "When (all/any/not over metric/contract/audit/fact/knob):",
         *("  " + ln for ln in json.dumps(spec["when"], ensure_ascii=False, indent=2).splitlines()),
         "",
-        f"Fix: {' '.join(flags) or '(defaults)'}",
+        f"Fix: {' '.join(flags) or '(defaults)'}"
+        + (scale_note(change, code="") if "scale" in change else ""),
     ]
     if bridge:
         lines.append(f"Bridge: {' '.join(bridge)}")
     lines += [
-        f"Gain: {size}",
+        f"Gain: {size}{whatif_note(gain)}",
         f"  basis: {gain['basis']}",
         f"Confidence: {spec['confidence']} · Risk: {spec['risk']['level']}",
         *(f"  - {n}" for n in spec["risk"]["notes"]),
