@@ -21,7 +21,7 @@
  *   room for 7 × n), which critical_path.py reads as a (count, 7) array.
  *
  * replay(ts, te, is_gpu, dur, gap, no_launch, pred_ptr, pred_src, pred_kind, start_ns, lat,
- *   host_scale) → float: the what-if replay of one step (analyzer/whatif.py `_replay_py`, the
+ *   host_scale) → float: the what-if replay of one step (analyzer/replay.py `_replay_py`, the
  *   same loop and the same double arithmetic in the same order, so both give equal floats).
  *   ts, te: int64 per episode position (topological order); is_gpu, no_launch: uint8; dur, gap:
  *   float64; pred_ptr: int64, n + 1; pred_src: int64 earlier positions; pred_kind: int8 codes as
@@ -235,7 +235,7 @@ done:
 }
 
 /* replay(...) → the step's length (ns) when its graph runs with the edited durations and gaps
- * (module doc; whatif.py `_replay_py` is the loop, commented). */
+ * (module doc; replay.py `_replay_py` is the loop, commented). */
 static PyObject *replay(PyObject *self, PyObject *args) {
     PyObject *o[9];
     long long start_ns, lat;

@@ -36,6 +36,7 @@ from moetune.analyzer.contract import MISSING, Contract, known_megatron_args, lo
 from moetune.analyzer.frames import GPU_KINDS, Trace
 
 from moetune import __version__, conditions, knobs
+from moetune.arg_names import spelling_of
 from moetune.errors import UserError
 from moetune.resources import data, schema
 from moetune.yamlio import line_of, read_yaml
@@ -416,7 +417,7 @@ def unaudited_claims(claims: Mapping[str, Any], verdicts: Iterable[Mapping[str, 
     for a, value in claims.items():
         if value is None or a in covered:
             continue
-        name = knobs.spelling_of(a, cat)[0]
+        name = spelling_of(a, cat)[0]
         if name != a and name in claims:
             continue
         if a in tested or a in cat.knobs or a not in known:

@@ -1,7 +1,7 @@
 """Gain ceilings of the walls: what removing a wall's time would gain, by the what-if replay.
 
 A wall's recoverable time R is the step time its removal saves: the step's graph
-(`moetune.analyzer.whatif.episode`) replayed with that wall's durations set to zero, against
+(`moetune.analyzer.episode`) replayed with that wall's durations set to zero, against
 the untouched replay (`R = T · (1 − replay(without) / replay(untouched))`, so the replay's own
 error cancels as in the what-if estimates), and the ceiling is T/(T−R)−1. Interval rules on the
 critical path cannot say this: time a wall holds on the path may hide other work that then takes
@@ -21,10 +21,11 @@ from dataclasses import replace
 
 import numpy as np
 import polars as pl
+from moetune.analyzer.episode import Episode, episode
 from moetune.analyzer.event_walls import wall_of
 from moetune.analyzer.frames import Trace
 from moetune.analyzer.graph import TimelineGraph
-from moetune.analyzer.whatif import Edit, Episode, episode, replay, untouched
+from moetune.analyzer.replay import Edit, replay, untouched
 
 from moetune.vocabulary import WALLS
 

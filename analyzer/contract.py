@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from moetune import knobs, resources
+from moetune.arg_names import normalize_args, spelling_of
 from moetune.errors import UserError, bad_json, read_user_text
-from moetune.knobs import normalize_args
 from moetune.resources import schema
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ def check_contract(doc: Any, *, strict: bool = False) -> list[Problem]:
         problems += [
             Problem(f"megatron_args.{k}", "not a Megatron-LM argument moetune knows (kept as is)", "warning")
             for k in margs
-            if k not in known and knobs.spelling_of(k)[0] not in known | set(knobs.load().knobs)
+            if k not in known and spelling_of(k)[0] not in known | set(knobs.load().knobs)
         ]
         problems += _deprecated_problems(margs)
     unique = {(p.severity, p.path, p.message): p for p in problems}
@@ -269,7 +269,7 @@ def _spelling_problems(margs: Mapping[str, Any]) -> list[Problem]:
     own = megatron_arguments()
     out = []
     for k, value in margs.items():
-        name, negated = knobs.spelling_of(k, cat)
+        name, negated = spelling_of(k, cat)
         if name == k or k in own["arguments"] or k in own["derived"]:
             continue  # an argument of current Megatron-LM in its own right
         at = f"megatron_args.{k}"
@@ -290,7 +290,7 @@ def _deprecated_problems(margs: Mapping[str, Any]) -> list[Problem]:
     deprecated = knobs.load().deprecated
     out = []
     for k, value in margs.items():
-        old = deprecated.get(knobs.spelling_of(k)[0])
+        old = deprecated.get(spelling_of(k)[0])
         if old is None:
             continue
         if old.renamed_to:

@@ -26,7 +26,7 @@ from moetune.analyzer.log_hardware import FILL, hardware_from_log
 from moetune.analyzer.megatron_flags import command_line_args, echoed_args
 from moetune.analyzer.megatron_text import parse_value, strip_prefix
 
-from moetune.knobs import normalize_args
+from moetune.arg_names import normalize_args
 
 __all__ = ["parse_value", "strip_prefix"]  # the dump's readers, re-exported for its callers
 
@@ -63,7 +63,7 @@ def parse_args_dump(text: str) -> dict[str, object]:
     Only lines from the stream (launcher prefix) that printed the header count, so other ranks'
     interleaved output is ignored; a block cut off before its footer still yields what it has; a
     hard-wrapped list value is re-joined. Several dumps (restarts): later values win. Deprecated
-    names are kept as printed; `normalize_args` (moetune.knobs: the catalog's `deprecated`
+    names are kept as printed; `normalize_args` (moetune.arg_names: the catalog's `deprecated`
     spellings) maps them to current names.
     """
     args: dict[str, object] = {}

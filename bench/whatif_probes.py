@@ -33,6 +33,7 @@ def profile(point: str) -> dict[str, Any]:
     host call (from the predecessor that released it) and the CPU ops recorded in that time."""
     import polars as pl
     from moetune.analyzer import whatif as W
+    from moetune.analyzer import whatif_transforms as T
     from moetune.analyzer.megatron_args import contract_from_log
 
     from moetune.analysis import analyze
@@ -55,7 +56,7 @@ def profile(point: str) -> dict[str, Any]:
     finally:
         W.episode = build
     ep, events = got["ep"], got["events"]
-    tail = W._per_step_tail(ep, W._passes_end_ns(events, *got["tail"]))
+    tail = T.per_step_tail(ep, W._passes_end_ns(events, *got["tail"]))
     tids = events.get_column("tid")[ep.ids].to_list()
     ops = events.filter(pl.col("kind") == "cpu_op").select("tid", "ts_ns")
     starts = {t: np.sort(g.get_column("ts_ns").to_numpy())
@@ -79,11 +80,11 @@ def profile(point: str) -> dict[str, Any]:
 def per_op(p: dict[str, Any], o: float, edit: Any = None) -> Any:
     """`edit` (untouched by default) with `o` ns taken off every host call and off the CPU time
     before it per CPU op recorded in that time, both never below zero."""
-    from moetune.analyzer import whatif as W
+    from moetune.analyzer import replay as R
 
-    ep, base = p["ep"], W.untouched(p["ep"])
+    ep, base = p["ep"], R.untouched(p["ep"])
     e = edit if edit is not None else base
-    e = W.Edit(e.dur.copy(), e.gap.copy(), e.no_launch.copy())
+    e = R.Edit(e.dur.copy(), e.gap.copy(), e.no_launch.copy())
     host = ~ep.is_gpu & (p["gap"] > 0)
     kept = np.maximum(p["gap"][host] * e.gap[host] - o * p["nops"][host] * e.gap[host], 0)
     e.gap[host] = kept / p["gap"][host]
@@ -93,38 +94,40 @@ def per_op(p: dict[str, Any], o: float, edit: Any = None) -> Any:
 
 
 def fit_per_op(p: dict[str, Any], reference_ns: float) -> float:
-    from moetune.analyzer import whatif as W
+    from moetune.analyzer import replay as R
 
     lo, hi = 0.0, 50_000.0
     for _ in range(40):  # bisection: the replay shrinks as the per-op cost grows
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if W.replay(p["ep"], per_op(p, mid)) > reference_ns else (lo, mid)
+        lo, hi = (mid, hi) if R.replay(p["ep"], per_op(p, mid)) > reference_ns else (lo, mid)
     return (lo + hi) / 2
 
 
 def scaled_gain(p: dict[str, Any], edit: Any, reference_ns: float) -> float:
-    from moetune.analyzer import whatif as W
+    from moetune.analyzer import replay as R
 
     ep = p["ep"]
-    hs = W.host_scale_for(ep, reference_ns, W.replay(ep, W.untouched(ep)))
-    return W.replay(ep, W.untouched(ep), hs) / W.replay(ep, edit, hs) - 1
+    hs = R.host_scale_for(ep, reference_ns, R.replay(ep, R.untouched(ep)))
+    return R.replay(ep, R.untouched(ep), hs) / R.replay(ep, edit, hs) - 1
 
 
 def fold(p: dict[str, Any], k: int) -> Any:
-    from moetune.analyzer import whatif as W
+    from moetune.analyzer import whatif_transforms as T
 
-    return W.fold_micro_batches(p["ep"], {"fixed_us": FIXED_US},
+    return T.fold_micro_batches(p["ep"], {"fixed_us": FIXED_US},
                                 {"factor": k, "per_step_tail": p["tail"]})
 
 
 def main() -> int:
+    from moetune.analyzer import replay as R
     from moetune.analyzer import whatif as W
+    from moetune.analyzer import whatif_transforms as T
 
     one, eight = profile("mbs1_seq_rcnone_a2a_eager"), profile("mbs8_seq_rcnone_a2a_eager")
     print("fold: CPU time before host calls, profiled (ms); host_scale against the trace's run")
     for name, p in (("MBS 1", one), ("MBS 8", eight)):
         body, tail = ~p["ep"].is_gpu & ~p["tail"], ~p["ep"].is_gpu & p["tail"]
-        hs = W.host_scale_for(p["ep"], p["own_run_ns"], W.replay(p["ep"], W.untouched(p["ep"])))
+        hs = R.host_scale_for(p["ep"], p["own_run_ns"], R.replay(p["ep"], R.untouched(p["ep"])))
         print(f"  {name}: passes {p['gap'][body].sum() / 1e6 / (8 // p['mbs']):.1f} per "
               f"micro-batch, tail {p['gap'][tail].sum() / 1e6:.1f}, host_scale {hs:.2f}")
     print("per-op: the profiler's cost per recorded CPU op that matches the trace's own run")
@@ -134,12 +137,12 @@ def main() -> int:
         print(f"  {name}: {costs[name] / 1e3:.1f} µs per op")
     measured = one["own_run_ns"] / eight["own_run_ns"] - 1
     o = costs["MBS 1"]
-    as_per_op = W.replay(one["ep"], per_op(one, o)) / W.replay(one["ep"], per_op(one, o, fold(one, 8))) - 1
+    as_per_op = R.replay(one["ep"], per_op(one, o)) / R.replay(one["ep"], per_op(one, o, fold(one, 8))) - 1
     print(f"  MBS 1 → 8 from the traces' runs: measured {measured:+.0%}, scaled "
           f"{scaled_gain(one, fold(one, 8), one['own_run_ns']):+.0%}, per op {as_per_op:+.0%}")
     print("syncs: grouped GEMM from each per-expert start (grid medians), the transform and with "
           "the host waits on its folded ops folded too")
-    launches = W._with_launches
+    launches = T._with_launches
 
     def with_waits(ep: Any, flags: np.ndarray) -> np.ndarray:
         out = launches(ep, flags)
@@ -155,13 +158,13 @@ def main() -> int:
         ctx = W.contract_context("grouped_gemm", W.transforms()["grouped_gemm"], p["contract"])
         ranges = []
         for how in (launches, with_waits):
-            W._with_launches = how
+            T._with_launches = how
             try:
-                ranges.append(sorted(scaled_gain(p, W.group_expert_gemms(p["ep"], {"fixed_us": f},
+                ranges.append(sorted(scaled_gain(p, T.group_expert_gemms(p["ep"], {"fixed_us": f},
                                                                          ctx), p["grid_ns"])
                                      for f in (2.0, 8.0)))
             finally:
-                W._with_launches = launches
+                T._with_launches = launches
         (a0, a1), (b0, b1) = ranges
         print(f"  {start}: measured {p['grid_ns'] / to - 1:+.0%}, transform {a0:+.0%} … {a1:+.0%},"
               f" with the waits {b0:+.0%} … {b1:+.0%}")

@@ -1,9 +1,9 @@
 """One knob change applied to a launch: a Megatron command line and its environment.
 
-A thin layer over moetune.knobs, the one home of spellings and rendering: `parse_change` finds
+A thin layer over moetune.knobs and moetune.knob_flags, the one home of spellings and rendering: `parse_change` finds
 the knob by name, flag or deprecated alias (`foo_bar` → `--foo-bar` when the catalog lacks it),
 `apply` replaces every spelling of it (deprecated aliases, `--no-` negatives) by the flags
-`moetune.knobs.flag_tokens` renders. Pure functions: the input command is never modified.
+`moetune.knob_flags.flag_tokens` renders. Pure functions: the input command is never modified.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moetune.errors import UserError
-from moetune.knobs import Catalog, Knob, knob, parse_value, read_flag, set_env, set_flag
+from moetune.knob_flags import read_flag, set_env, set_flag
+from moetune.knobs import Catalog, Knob, knob, parse_value
 
 __all__ = ["Change", "Knob", "Launch", "apply", "current_value", "diff", "parse_change",
            "split_command"]

@@ -36,7 +36,8 @@ from typing import Any
 from moetune.executor.candidate import Change, Launch, apply
 
 from moetune.errors import UserError
-from moetune.knobs import Knob, value_text
+from moetune.knob_flags import value_text
+from moetune.knobs import Knob
 
 # the Megatron-LM entry scripts; Megatron-Bridge's recipe runner and recipe scripts
 _MEGATRON_SCRIPT = re.compile(r"(?:^|/)pretrain_\w+\.py$")

@@ -15,7 +15,8 @@ from typing import Any
 from moetune.rules.load import Catalog, Rule, load_catalog, load_rules
 
 from moetune import conditions as expr
-from moetune.knobs import Deprecated, render_bridge, render_flags
+from moetune.knob_flags import render_bridge, render_flags
+from moetune.knobs import Deprecated
 from moetune.vocabulary import WALLS
 
 DOC = Path("docs") / "rules.md"  # run from the repository root

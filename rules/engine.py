@@ -48,8 +48,8 @@ from moetune.rules.phase_targets import targeted_phases
 from moetune import __version__
 from moetune import conditions as expr
 from moetune.conditions import MISSING, UNKNOWN
-from moetune.knobs import render_bridge as render_bridge
-from moetune.knobs import render_flags as render_flags
+from moetune.knob_flags import render_bridge as render_bridge
+from moetune.knob_flags import render_flags as render_flags
 
 SCHEMA_ID = "moetune.recommendations/1"
 _CONFIDENCE = {"high": 1.0, "medium": 0.6, "low": 0.3}

@@ -19,7 +19,7 @@ from moetune.rules.inputs import Inputs, lookup, num
 from moetune.rules.legality import changed
 from moetune.rules.load import Rule
 
-from moetune.knobs import render_flags
+from moetune.knob_flags import render_flags
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 

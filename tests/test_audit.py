@@ -411,17 +411,17 @@ def test_flag_spellings_are_audited_under_the_argument(corpus: Path, spelling: s
 
 
 def test_flag_spellings_follow_the_knob_catalog() -> None:
-    from moetune import knobs
+    from moetune import arg_names, knobs
 
     cat = knobs.load()
     for k in cat.knobs.values():
         if k.kind == "arg" and k.flag:
             for spelled in (k.flag, k.flag[2:], k.flag[2:].replace("-", "_")):
-                assert knobs.spelling_of(spelled, cat) == (k.name, False), spelled
+                assert arg_names.spelling_of(spelled, cat) == (k.name, False), spelled
         if k.negative_flag and k.type == "bool":
-            assert knobs.spelling_of(k.negative_flag, cat) == (k.name, True)
-    assert knobs.normalize_args({"--no-overlap-p2p-communication": True})[0] == {"overlap_p2p_comm": False}
-    assert knobs.spelling_of("--fp8-margin", cat) == ("fp8_margin", False)  # Megatron's own dest
+            assert arg_names.spelling_of(k.negative_flag, cat) == (k.name, True)
+    assert arg_names.normalize_args({"--no-overlap-p2p-communication": True})[0] == {"overlap_p2p_comm": False}
+    assert arg_names.spelling_of("--fp8-margin", cat) == ("fp8_margin", False)  # Megatron's own dest
 
 
 def test_flag_spelling_problems_in_the_contract() -> None:

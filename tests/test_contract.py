@@ -207,14 +207,14 @@ def test_deprecated_warnings_follow_the_knob_catalog() -> None:
 
 
 def test_contract_reads_deprecated_names_without_importing_megatron_args() -> None:
-    """contract.py and megatron_args.py both read deprecated spellings from moetune.knobs: the
-    contract module imports nothing of megatron_args, not even inside a function."""
+    """contract.py and megatron_args.py both read deprecated spellings through moetune.arg_names:
+    the contract module imports nothing of megatron_args, not even inside a function."""
     import ast
 
     tree = ast.parse((ROOT / "analyzer" / "contract.py").read_text(encoding="utf-8"))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert "moetune.knobs" in imported
+    assert "moetune.arg_names" in imported
     assert not any("megatron_args" in m for m in imported if m)
 
 

@@ -3,7 +3,7 @@ derived from it or checked against it here (docs/extending.md walks adding to ea
 
 - launchers: executor/launchers/__init__.py `LAUNCHERS` ← the modules beside it, the CLI's
   `--launcher` choices of `run` and `tune`, the launchers docs/executor.md names;
-- what-if transform kinds: analyzer/whatif.py `KIND_FUNCS` ← the `kind` enum of
+- what-if transform kinds: analyzer/whatif_transforms.py `KIND_FUNCS` ← the `kind` enum of
   schemas/whatif.schema.json, the kinds whatif.yaml uses, the knobs its transforms model;
 - kernel classes: analyzer/kernel_classes.yaml ← tests/test_classify.py's examples (every entry
   the first fit of one: test_every_entry_claims_an_example);
@@ -20,7 +20,7 @@ import inspect
 import json
 from pathlib import Path
 
-from moetune.analyzer import whatif
+from moetune.analyzer import whatif, whatif_transforms
 from moetune.analyzer.classify import load_classes
 from moetune.analyzer.phases_book import load_phases
 from moetune.executor import launchers
@@ -54,17 +54,20 @@ def test_every_launcher_module_is_registered_and_the_cli_offers_exactly_those() 
 def test_what_if_kinds_schema_and_catalog_follow_the_registry() -> None:
     schema = json.loads((ROOT / "schemas" / "whatif.schema.json").read_text())
     enum = schema["properties"]["transforms"]["additionalProperties"]["properties"]["kind"]["enum"]
-    assert enum == list(whatif.KIND_FUNCS), (
-        "schemas/whatif.schema.json's kind enum must list analyzer/whatif.py's KIND_FUNCS, in order")
-    for kind, fn in whatif.KIND_FUNCS.items():
+    assert enum == list(whatif_transforms.KIND_FUNCS), (
+        "schemas/whatif.schema.json's kind enum must list analyzer/whatif_transforms.py's KIND_FUNCS, "
+        "in order")
+    for kind, fn in whatif_transforms.KIND_FUNCS.items():
         assert list(inspect.signature(fn).parameters)[:1] == ["ep"] and len(
             inspect.signature(fn).parameters) == 3, f"{kind}: a kind is fn(ep, params, ctx) -> Edit | None"
     specs = whatif.transforms()
-    assert {s["kind"] for s in specs.values()} == set(whatif.KIND_FUNCS), "a kind no transform uses"
+    assert {s["kind"] for s in specs.values()} == set(whatif_transforms.KIND_FUNCS), (
+        "a kind no transform uses")
     knobs = load_knobs().knobs
     for tid, spec in specs.items():
         assert spec["knob"] in knobs, f"whatif.yaml {tid}: knob {spec['knob']!r} not in rules/knobs.yaml"
-    assert not hasattr(whatif, "KINDS")  # the old unread tuple stays gone
+    # the old unread tuple stays gone
+    assert not hasattr(whatif, "KINDS") and not hasattr(whatif_transforms, "KINDS")
 
 
 def test_phase_signatures_name_only_what_exists() -> None:

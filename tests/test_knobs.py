@@ -1,6 +1,7 @@
 """rules/knobs.yaml through moetune.knobs: every §5 knob of moe-tuning-knowledge.md by its Megatron
 argument name, current flags plus structured deprecated spellings, constraints, training
-equivalence; and one vocabulary: every layer spells, renders and normalizes through moetune.knobs."""
+equivalence; and one vocabulary: every layer spells through moetune.knobs, renders through
+moetune.knob_flags and normalizes through moetune.arg_names."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from moetune.rules.engine import _Inputs, audit_verdicts, facts, legality
 from moetune.rules.load import CATALOG as CATALOG_DIR
 from moetune.rules.load import Rule, load_catalog
 
+from moetune import arg_names, knob_flags, knobs
 from moetune import conditions as expr
-from moetune import knobs
 from moetune.errors import UserError
-from moetune.knobs import Knob, render_bridge, render_flags
+from moetune.knob_flags import render_bridge, render_flags
+from moetune.knobs import Knob
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOWLEDGE = ROOT.parent / "shared" / "docs" / "moe-tuning-knowledge.md"
@@ -143,7 +145,7 @@ def test_knob_flags_are_megatron_lms_own() -> None:
             continue
         flags = set(own[k.name]["flags"])
         for value in ([True, False] if k.type == "bool" else []):
-            assert set(knobs.flag_tokens(k, value)) <= flags, (k.name, value)
+            assert set(knob_flags.flag_tokens(k, value)) <= flags, (k.name, value)
         if k.type != "bool":
             assert k.flag in flags, (k.name, k.flag, flags)
 
@@ -188,7 +190,7 @@ def test_flag_rendering() -> None:
     assert render_flags(k["moe_expert_capacity_factor"], 1.0) == (["--moe-expert-capacity-factor 1"], [])
     assert render_flags(k["moe_router_bias_update_rate"], 0.001) == (
         ["--moe-router-bias-update-rate 0.001"], [])
-    assert knobs.value_text(0.1234567891) == "0.1234567891"  # %g only where it is exact
+    assert knob_flags.value_text(0.1234567891) == "0.1234567891"  # %g only where it is exact
     assert render_flags(k["pipeline_model_parallel_layout"], "Et*3|(tt|)*29m|L") == (
         ["--pipeline-model-parallel-layout 'Et*3|(tt|)*29m|L'"], [])
     assert render_bridge(k["moe_grouped_gemm"], True) == "model.moe_grouped_gemm=true"
@@ -231,7 +233,7 @@ def test_planner_candidate_and_engine_render_one_way(k: Knob, value: Any) -> Non
         assert removes == [] and sets == [shlex.join(added)]
         assert plan.render_flag(k.name, value) == sets[0]
         assert candidate.current_value(candidate.Launch(argv), k) == (
-            list(map(knobs.value_text, value)) if k.type == "list" else value)
+            list(map(knob_flags.value_text, value)) if k.type == "list" else value)
     elif value is True:  # on by default, Megatron-LM has only the `--no-` flag: its absence
         assert removes == [k.negative_flag] and added == ()
         assert k.default is True and candidate.current_value(candidate.Launch(argv), k) is None
@@ -254,13 +256,15 @@ def test_env_knobs_render_one_way() -> None:
 
 
 def test_there_is_one_copy() -> None:
-    """The second implementations are gone: every layer uses moetune.knobs' own functions."""
-    assert engine.render_flags is knobs.render_flags and engine.render_bridge is knobs.render_bridge
-    assert docgen.render_flags is knobs.render_flags and docgen.render_bridge is knobs.render_bridge
-    assert plan.render_flag is knobs.render_flag and not hasattr(plan, "flag_spelling")
+    """The second implementations are gone: every layer uses the knob modules' own functions."""
+    assert engine.render_flags is knob_flags.render_flags
+    assert engine.render_bridge is knob_flags.render_bridge
+    assert docgen.render_flags is knob_flags.render_flags
+    assert docgen.render_bridge is knob_flags.render_bridge
+    assert plan.render_flag is knob_flags.render_flag and not hasattr(plan, "flag_spelling")
     assert candidate.Knob is knobs.Knob and not hasattr(candidate, "load_knobs")
-    assert candidate.set_flag is knobs.set_flag
-    assert megatron_args.normalize_args is knobs.normalize_args
+    assert candidate.set_flag is knob_flags.set_flag
+    assert megatron_args.normalize_args is arg_names.normalize_args
     assert not hasattr(megatron_args, "RENAMED") and not hasattr(megatron_args, "SWITCHES")
     assert load_catalog().knobs is knobs.load().knobs
 

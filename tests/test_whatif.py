@@ -9,7 +9,8 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from moetune.analyzer import whatif
+from moetune.analyzer import replay as graph_replay
+from moetune.analyzer import whatif, whatif_transforms
 from moetune.analyzer.megatron_args import contract_from_log
 
 from moetune.analysis import analyze
@@ -129,7 +130,7 @@ def test_a_malformed_transform_catalog_names_the_file(tmp_path: Path, monkeypatc
 
 
 def test_a_kind_the_schema_lists_but_the_registry_lacks_is_one_line(monkeypatch) -> None:
-    monkeypatch.delitem(whatif.KIND_FUNCS, "capture_launches")
+    monkeypatch.delitem(whatif_transforms.KIND_FUNCS, "capture_launches")
     whatif.transforms.cache_clear()
     try:
         with pytest.raises(UserError, match=r"whatif.yaml:\d+: transforms/cuda_graphs/kind: "
@@ -246,16 +247,18 @@ def test_the_compiled_replay_equals_the_python_loop(monkeypatch) -> None:
     """`_graph_loops.replay` mirrors `_replay_py` operation for operation: every replay of whole
     diagnoses (each transform at both ends of its range, the host-scale bisection) gives the same
     float from both."""
-    if whatif._replay_c is None:
+    if graph_replay._replay_c is None:
         pytest.skip("the compiled extension is not built")
     pairs: list[tuple[float, float]] = []
-    compiled = whatif.replay
+    compiled = graph_replay.replay
 
     def both(ep, edit, host_scale=1.0):
-        pairs.append((compiled(ep, edit, host_scale), whatif._replay_py(ep, edit, host_scale)))
+        pairs.append((compiled(ep, edit, host_scale), graph_replay._replay_py(ep, edit, host_scale)))
         return pairs[-1][0]
 
+    # both callers: the estimates (whatif) and the host-scale bisection (replay itself)
     monkeypatch.setattr(whatif, "replay", both)
+    monkeypatch.setattr(graph_replay, "replay", both)
     for shape, point in (("host", "mbs1_seq_rcfull_a2a_eager"), ("host", "mbs8_grp_rcnone_a2a_eager"),
                          ("mem", "mbs2_seq_rcnone_a2a_eager")):
         folder = TRACES / f"grid_{shape}_{point}"
@@ -268,7 +271,7 @@ def test_the_compiled_replay_equals_the_python_loop(monkeypatch) -> None:
 
 
 def test_the_compiled_replay_refuses_inconsistent_arrays() -> None:
-    if whatif._replay_c is None:
+    if graph_replay._replay_c is None:
         pytest.skip("the compiled extension is not built")
     import numpy as np
 
@@ -276,8 +279,8 @@ def test_the_compiled_replay_refuses_inconsistent_arrays() -> None:
     f64 = np.zeros(2)
     ptr = np.array([0, 0, 1], dtype=np.int64)
     with pytest.raises(ValueError, match="not earlier"):  # position 1 waits on itself
-        whatif._replay_c(i64, i64, one, f64, f64, one, ptr, np.array([1], dtype=np.int64),
+        graph_replay._replay_c(i64, i64, one, f64, f64, one, ptr, np.array([1], dtype=np.int64),
                          np.array([0], dtype=np.int8), 0, 1000, 1.0)
     with pytest.raises(ValueError, match="different lengths"):
-        whatif._replay_c(i64, i64[:1], one, f64, f64, one, ptr, np.array([0], dtype=np.int64),
+        graph_replay._replay_c(i64, i64[:1], one, f64, f64, one, ptr, np.array([0], dtype=np.int64),
                          np.array([0], dtype=np.int8), 0, 1000, 1.0)

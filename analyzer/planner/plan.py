@@ -42,7 +42,7 @@ from moetune.analyzer.planner.memory import (
 from moetune.analyzer.planner.predict import options_cost, stated_options, workload_from_contract
 
 from moetune.errors import UserError
-from moetune.knobs import render_flag
+from moetune.knob_flags import render_flag
 
 SCHEMA_ID = "moetune.fit/1"
 
