@@ -174,8 +174,12 @@ def whatif_section(trace: Any, steps: Any, ctx: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # one mask for every micro-batch transform and both ends of its range
     tail = per_step_tail(ep, _passes_end_ns(ctx.events, int(row["rank"]), start, end))
+    # no contract: the run's log states the arguments (micro-batch, global batch, experts) a
+    # transform needs; without them MBS 4 read as 1 and ×2 "went" to 2
+    con = ctx.contract if ctx.contract is not None else (
+        {"megatron_args": ctx.run_log["args"]} if (ctx.run_log or {}).get("args") else None)
     for tid, spec in transforms().items():
-        c = contract_context(tid, spec, ctx.contract)
+        c = contract_context(tid, spec, con)
         if c is None:
             continue
         if spec["kind"] == "fold_micro_batches":

@@ -110,9 +110,12 @@ def evaluate(rule: Rule, inp: Inputs, options: Options, env_only: frozenset[str]
         change = rule.spec["change"]
     rule = best_variant(rule, inp, base)
     change, spec = rule.spec["change"], rule.spec
+    # a smaller step than the best alone, for what it leaves possible, says why first
+    caveats_first = [spec["choice"]] if spec.get("choice") else []
     if all(expr._norm(inp.value(n, base)) == expr._norm(v) for n, v in changed(rule).items()):
         reasons.append(f"{knob.name} is already {change['to']!r}")
     illegal, caveats = legality(rule, inp, base)
+    caveats = caveats_first + caveats
     if scale_caveat:
         caveats.append(scale_caveat)
     if current_from == "default":
@@ -168,7 +171,7 @@ def recommend(
     options = options or Options()
     contract = thaw(contract or {})
     inp = Inputs(diagnosis, contract, megatron_args(contract), audit_verdicts(audit),
-                 facts(contract, catalog), catalog)
+                 facts(contract, catalog), catalog, rules)
     env_only = environment_reasons(catalog)
     out = [evaluate(rule, inp, options, env_only) for rule in rules.values()]
     fired = [o for o in out if o.kind == "fired"]

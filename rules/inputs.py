@@ -5,7 +5,7 @@ A knob's value is read from a change under evaluation first (`overrides`), then 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from moetune.analyzer.contract import MISSING as CONTRACT_MISSING
@@ -136,6 +136,8 @@ class Inputs:
     verdicts: Mapping[str, str]
     facts: Mapping[str, Any]
     catalog: Catalog
+    # the rule set being evaluated: a rule's `weigh_with` names others (rules/memory_advice.py)
+    rules: Mapping[str, Any] = field(default_factory=dict)
 
     def value(self, name: str, overrides: Mapping[str, Any] | None = None) -> Any:
         return knob_value(self.catalog.knobs[name], self.contract, overrides, self.args)[0]
