@@ -208,3 +208,15 @@ def test_a_micro_batch_step_is_weighed_by_what_it_leaves_possible() -> None:
     host = top("tune4_host_mbs1_rcfull")
     assert host["change"]["to"] == 8
     assert not any("rather than" in c for c in host["caveats"])
+
+
+def test_the_whatif_steps_from_the_logs_micro_batch() -> None:
+    """Without a contract the what-if took MBS 1: at Megatron-LM's MBS 4 (GBS 8) it replayed
+    ×2/×4/×8 'to' 2/4/8. The log's arguments give MBS 4: only ×2 (to 8) divides GBS 8."""
+    d = ROOT / "bench" / "grid_mlm" / "profiles" / "mem_mbs4_seq_rcselective_a2a_eager"
+    p = subprocess.run([sys.executable, "-m", "moetune", "diagnose", str(d / "trace.json.gz"),
+                        "--log", str(d / "train.log"), "--json"], capture_output=True, text=True,
+                       timeout=300, check=True)
+    steps = {k: v["to"] for k, v in json.loads(p.stdout)["whatif"]["transforms"].items()
+             if k.startswith("micro_batch")}
+    assert steps == {"micro_batch_x2": 8}
