@@ -15,10 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 from moetune.analyzer.planner.verdict import DOES_NOT_FIT, FITS, TIGHT, UNKNOWN, judge
-from moetune.rules.inputs import Inputs, lookup, num
+from moetune.rules.inputs import Inputs, lookup, num, resolver
 from moetune.rules.legality import changed
 from moetune.rules.load import Rule
 
+from moetune import conditions as expr
 from moetune.knob_flags import render_flags
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
@@ -122,10 +123,6 @@ def best_variant(rule: Rule, inp: Inputs, base: Mapping[str, Any] | None = None)
 def _follow_ups(rule: Rule, inp: Inputs, base: Mapping[str, Any] | None
                 ) -> list[tuple[str, float, dict[str, Any]]]:
     """(rule id, its what-if gain, its change) of each `weigh_with` rule that fires now."""
-    from moetune.rules.inputs import resolver
-
-    from moetune import conditions as expr
-
     out = []
     for rid in rule.spec["expected_gain"].get("weigh_with") or ():
         other = inp.rules.get(rid)
