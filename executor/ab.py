@@ -39,6 +39,18 @@ PRIOR_WEIGHT = 2.0  # the prior counts as this many degrees of freedom of the no
 def run_noise(groups: Sequence[Sequence[float]], policy: Policy) -> float:
     """σ of ln(run median) between fresh processes: the pooled spread of repeated runs of one
     configuration (`groups`: step times per configuration), shrunk toward the prior."""
+    ss, dof = _pooled(groups)
+    return math.sqrt((PRIOR_WEIGHT * policy.noise_prior ** 2 + ss) / (PRIOR_WEIGHT + dof))
+
+
+def noise_dof(groups: Sequence[Sequence[float]]) -> int:
+    """Degrees of freedom the session's own repeated runs lend `run_noise` (0: the prior alone)."""
+    return _pooled(groups)[1]
+
+
+def _pooled(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """(sum of squared deviations of ln(step) from each configuration's mean, degrees of freedom)
+    over the configurations run at least twice."""
     ss, dof = 0.0, 0
     for g in groups:
         xs = [math.log(x) for x in g if x and x > 0]
@@ -46,12 +58,7 @@ def run_noise(groups: Sequence[Sequence[float]], policy: Policy) -> float:
             m = statistics.fmean(xs)
             ss += sum((x - m) ** 2 for x in xs)
             dof += len(xs) - 1
-    return math.sqrt((PRIOR_WEIGHT * policy.noise_prior ** 2 + ss) / (PRIOR_WEIGHT + dof))
-
-
-def noise_dof(groups: Sequence[Sequence[float]]) -> int:
-    """Degrees of freedom the session's own repeated runs lend `run_noise` (0: the prior alone)."""
-    return sum(max(len([x for x in g if x and x > 0]) - 1, 0) for g in groups)
+    return ss, dof
 
 
 def judge(pairs: Sequence[Mapping[str, Any]], sigma: float, policy: Policy, *,

@@ -304,12 +304,11 @@ def _not_worth(cand: Mapping[str, Any], rest: Sequence[Mapping[str, Any]], owed:
         return None
     sigma = run_noise(list(groups.values()), pol)
     need = pairs_needed(pred, sigma, pol)
-    if need is not None and need <= pol.max_pairs:
-        return None
     # no configuration run twice yet: σ is the prior alone, a guess that may overstate this run's
     # noise twofold (Megatron-LM's memory-shape runs repeated within 3-9 %, bench/grid_mlm), and
     # the pairs themselves measure it; the sequential A/B still stops at max_pairs
-    if need is not None and noise_dof(list(groups.values())) == 0 and need <= 4 * pol.max_pairs:
+    limit = pol.max_pairs if noise_dof(list(groups.values())) else 4 * pol.max_pairs
+    if need is not None and need <= limit:
         return None
     if any(c["source"] in owed for c in rest):
         return "skip"

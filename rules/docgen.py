@@ -66,12 +66,12 @@ def whatif_note(gain: Mapping[str, Any]) -> str:
     if not w:
         return ""
     names = [w] if isinstance(w, str) else list(w)
-    weigh = gain.get("weigh_with")
+    how = ["the best estimate that fits is proposed"] if len(names) > 1 else []
+    if how and gain.get("weigh_with"):
+        how.append(f"each step chained with {', '.join(gain['weigh_with'])} where that still "
+                   "fits after it")
     return (f"; replayed by what-if {' / '.join(names)}"
-            + (" (the best estimate that fits is proposed" if len(names) > 1 else "")
-            + (f", each step chained with {', '.join(weigh)} where that still fits after it"
-               if weigh and len(names) > 1 else "")
-            + (")" if len(names) > 1 else "")
+            + (f" ({', '.join(how)})" if how else "")
             + ", the removal above when no replay applies")
 
 

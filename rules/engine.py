@@ -110,12 +110,11 @@ def evaluate(rule: Rule, inp: Inputs, options: Options, env_only: frozenset[str]
         change = rule.spec["change"]
     rule = best_variant(rule, inp, base)
     change, spec = rule.spec["change"], rule.spec
-    # a smaller step than the best alone, for what it leaves possible, says why first
-    caveats_first = [spec["choice"]] if spec.get("choice") else []
     if all(expr._norm(inp.value(n, base)) == expr._norm(v) for n, v in changed(rule).items()):
         reasons.append(f"{knob.name} is already {change['to']!r}")
     illegal, caveats = legality(rule, inp, base)
-    caveats = caveats_first + caveats
+    if spec.get("choice"):  # a smaller step than the best alone, for what it leaves possible
+        caveats.insert(0, spec["choice"])
     if scale_caveat:
         caveats.append(scale_caveat)
     if current_from == "default":

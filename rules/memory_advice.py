@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from moetune.analyzer.planner.verdict import DOES_NOT_FIT, FITS, TIGHT, UNKNOWN, judge
 from moetune.rules.inputs import Inputs, lookup, num, resolver
@@ -102,22 +102,35 @@ def best_variant(rule: Rule, inp: Inputs, base: Mapping[str, Any] | None = None)
                  if judge(inp.contract, {**(base or {}), **changed(v), **ch},
                           inp.diagnosis.get("memory")).verdict == FITS]
         g_after, rid_after = max(after, default=(0.0, None))
-        chained = (1 + own) * (1 + g_after) - 1
-        variants.append((ok, chained if ok else -i, own, rid_after, v))
+        # a step that may not be taken ranks below every one that may, the smallest first
+        variants.append(_Step(ok, (1 + own) * (1 + g_after) - 1 if ok else -i,
+                              own if ok else -i, rid_after, v))
     if not variants:
         return replace(rule, spec={**rule.spec, "expected_gain": {**gain, "whatif": ids[0]}})
-    best = max(variants, key=lambda x: (x[0], x[1]))
-    alone = max(variants, key=lambda x: (x[0], x[2] if x[0] else x[1]))
+    best = max(variants, key=lambda x: (x.ok, x.chained))
+    alone = max(variants, key=lambda x: (x.ok, x.own))
     if best is alone or not follow:
-        return best[4]
-    knob, to_b, to_a = (rule.spec["change"]["knob"], best[4].spec["change"]["to"],
-                        alone[4].spec["change"]["to"])
-    then_a = (f"after {to_a} {best[3]} would not fit, so {to_a} is worth its +{alone[2]:.0%} alone"
-              if alone[3] is None else
-              f"{to_a} then {alone[3]} chain to +{alone[1]:.0%}")
-    why = (f"{knob} {to_b} rather than {to_a}: {to_b} then {best[3]} chain to +{best[1]:.0%} "
-           f"(the two what-if estimates multiplied, a chained estimate); {then_a}")
-    return replace(best[4], spec={**best[4].spec, "choice": why})
+        return best.rule
+    knob, to_b, to_a = (rule.spec["change"]["knob"], best.rule.spec["change"]["to"],
+                        alone.rule.spec["change"]["to"])
+    then_a = (f"after {to_a} {best.then} would not fit, so {to_a} is worth its +{alone.own:.0%} "
+              "alone" if alone.then is None else
+              f"{to_a} then {alone.then} chain to +{alone.chained:.0%}")
+    why = (f"{knob} {to_b} rather than {to_a}: {to_b} then {best.then} chain to "
+           f"+{best.chained:.0%} (the two what-if estimates multiplied, a chained estimate); "
+           f"{then_a}")
+    return replace(best.rule, spec={**best.rule.spec, "choice": why})
+
+
+class _Step(NamedTuple):
+    """One step of a multi-step change: may it be taken (memory), its gain chained with the best
+    follow-up that still fits after it, its own gain, that follow-up's rule, the step as a rule."""
+
+    ok: bool
+    chained: float
+    own: float
+    then: str | None
+    rule: Rule
 
 
 def _follow_ups(rule: Rule, inp: Inputs, base: Mapping[str, Any] | None
