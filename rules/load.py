@@ -386,4 +386,10 @@ def load_rules(extra: Iterable[Path] = (), catalog: Catalog | None = None) -> di
         if problems:
             raise UserError(str(problems[0]) + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
         merged.update(rules)
+    for rule in merged.values():  # a rule named by another must exist once every folder is in
+        for i, rid in enumerate(rule.spec["expected_gain"].get("weigh_with") or ()):
+            if rid not in merged:
+                at = line_of(rule.lines, ("expected_gain", "weigh_with", i))
+                raise UserError(f"{rule.path}:{at}: expected_gain.weigh_with names no rule "
+                                f"{rid!r}")
     return dict(sorted(merged.items()))

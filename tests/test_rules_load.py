@@ -136,6 +136,21 @@ def test_load_rules_raises_user_error(tmp_path: Path) -> None:
         load_rules([tmp_path / "absent"])
 
 
+def test_a_weighed_follow_up_must_be_a_rule(tmp_path: Path) -> None:
+    """A typo in `weigh_with` would silently drop the weighing: the merged rule set refuses it,
+    and a user folder may name a built-in rule."""
+    shipped = (ROOT / "rules/catalog/host/host.larger-micro-batch.yaml").read_text()
+    assert "weigh_with: [memory.recompute-off]" in shipped
+    (tmp_path / "host").mkdir()
+    (tmp_path / "host" / "host.larger-micro-batch.yaml").write_text(
+        shipped.replace("weigh_with: [memory.recompute-off]", "weigh_with: [memory.recompute-of]"))
+    with pytest.raises(UserError, match=r"host\.larger-micro-batch\.yaml:\d+: expected_gain\."
+                                        r"weigh_with names no rule 'memory\.recompute-of'"):
+        load_rules([tmp_path])
+    (tmp_path / "host" / "host.larger-micro-batch.yaml").write_text(shipped)
+    assert load_rules([tmp_path])["host.larger-micro-batch"].path.parent.parent == tmp_path
+
+
 def test_metric_paths_against_diagnosis_schema() -> None:
     assert diagnosis_path_ok("walls.host")
     assert diagnosis_path_ok("evidence.classes.comm.deepep.dispatch.time_s")  # dotted class key
