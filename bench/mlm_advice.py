@@ -34,7 +34,8 @@ GRID = ROOT / "bench" / "grid_mlm" / "grid.json"
 TUNES = ROOT / "bench" / "grid_mlm" / "tune"
 # tune sessions whose device call also ran grid jobs after the loop (bench/gpu/mlm_tune.sh CHECK):
 # one call, so their runs pair with that call's
-CALL_OF = {"tune2_host": "call4", "tune3_mem": "call5", "tune4_host": "call6"}
+CALL_OF = {"tune2_host": "call4", "tune3_mem": "call5", "tune4_host": "call6", "tune5_mem": "call9",
+           "tune6_host": "call10", "tune7_host": "call11"}
 # profiled state -> (shape, its grid point[, the one call whose pairs judge it: a tune session's
 # own profile run is judged by what that session measured on the same machine])
 STATES: dict[Path, tuple[str, ...]] = {
@@ -46,6 +47,9 @@ STATES: dict[Path, tuple[str, ...]] = {
     # the first candidate runs of tune sessions tune4 (host) and tune3 (mem), profiled at their end
     ROOT / "bench/grid_mlm/profiles/host_mbs8_seq_rcfull_a2a_eager":
         ("host", "mbs8_seq_rcfull_a2a_eager"),
+    # tune5 (mem)'s accepted MBS 4 run, the profile of its round 1
+    ROOT / "bench/grid_mlm/profiles/mem_mbs4_seq_rcfull_a2a_eager":
+        ("mem", "mbs4_seq_rcfull_a2a_eager", "call9"),
     ROOT / "bench/grid_mlm/profiles/mem_mbs8_seq_rcfull_a2a_eager":
         ("mem", "mbs8_seq_rcfull_a2a_eager"),
     ROOT / "fixtures/mlm_states/tune3_mem_mbs1_rcfull": ("mem", "mbs1_seq_rcfull_a2a_eager",
