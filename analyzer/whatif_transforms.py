@@ -18,13 +18,15 @@ _US = 1_000
 MAX_BETWEEN = 12
 
 
-def drop_recompute(ep: Episode, _params: Mapping[str, float], _ctx: Mapping[str, Any]) -> Edit | None:
-    """Recompute off: the forward work re-run inside backward, its launches and its CPU time go."""
+def drop_recompute(ep: Episode, params: Mapping[str, float], _ctx: Mapping[str, Any]) -> Edit | None:
+    """Recompute off: the forward work re-run inside backward, its launches and its CPU time go.
+    `share` < 1 (selective recompute): that share of it goes, the rest is still re-run."""
     if not ep.recompute.any():
         return None
+    kept = 1.0 - float(params.get("share", 1.0))
     e = untouched(ep)
-    e.dur[ep.recompute] = 0.0
-    e.gap[ep.recompute & ~ep.is_gpu] = 0.0
+    e.dur[ep.recompute] *= kept
+    e.gap[ep.recompute & ~ep.is_gpu] = kept
     return e
 
 

@@ -284,3 +284,39 @@ def test_the_compiled_replay_refuses_inconsistent_arrays() -> None:
     with pytest.raises(ValueError, match="different lengths"):
         graph_replay._replay_c(i64, i64[:1], one, f64, f64, one, ptr, np.array([0], dtype=np.int64),
                          np.array([0], dtype=np.int8), 0, 1000, 1.0)
+
+
+MLM_PROFILES = ROOT / "bench" / "grid_mlm" / "profiles"
+
+
+@cache
+def mlm_whatif(point: str) -> dict:
+    """A Megatron-LM profile analysed as `recommend TRACE --log LOG` does (no contract: the log's
+    arguments and its unprofiled step)."""
+    from moetune.analysis import read_reference
+
+    folder = MLM_PROFILES / point
+    ref = read_reference(folder / "train.log")
+    return analyze(folder / "trace.json.gz", reference_step_s=ref).diagnosis["whatif"]["transforms"]
+
+
+# (profile, measured gain of full → selective core-attention recompute): medians of same-call pairs
+# on Megatron-LM (bench/grid_mlm/advice.json; host: calls 2, 10, 11; mem: call 8). Host-bound, the
+# re-run forward is launch time that core-attention recompute no longer pays; at seq 4096 the
+# unfused attention core is a large share of the re-run GPU work
+@pytest.mark.parametrize(("point", "gain"), [("host_mbs8_seq_rcfull_a2a_eager", 0.234),
+                                             ("mem_mbs8_seq_rcfull_a2a_eager", 0.086)])
+def test_selective_recompute_replay_holds_megatron_lm_pairs(point: str, gain: float) -> None:
+    w = mlm_whatif(point)
+    sel, off = w["recompute_core_attn"]["speedup"], w["recompute_off"]["speedup"]
+    assert sel["low"] <= gain <= sel["high"], (sel, gain)
+    # removing part of the re-run work gains at most what removing all of it gains
+    assert sel["mid"] < off["mid"] and sel["high"] <= off["high"] + 1e-9
+    assert w["recompute_core_attn"]["to"] == "selective"
+
+
+def test_a_transform_from_full_recompute_skips_a_selective_run() -> None:
+    """`from: full`: a run already on selective recompute gets no full → selective estimate."""
+    w = mlm_whatif("mem_mbs4_seq_rcselective_a2a_eager")
+    assert "recompute_off" in w
+    assert "recompute_core_attn" not in w and "recompute_act_norm" not in w
