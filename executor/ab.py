@@ -148,7 +148,7 @@ def ab(runner: Runner, prefix: str, *, base: Launch, cand: Launch, label: str, b
             if not healthy:
                 return {**out, "verdict": "rejected", "cause": why, "measured_gain": None,
                         "noise": None, "pairs": [_pair(a, b)]}
-            audit = audit_change(b.get("traces") or [], knob, value, contract)
+            audit = audit_change(b.get("traces") or [], knob, value, contract, b.get("log_path"))
             out["audit"] = audit
             if audit.get("verdict") == "contradicted":
                 return {**out, "verdict": "rejected", "cause": "audit: the change did not run",

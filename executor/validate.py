@@ -23,6 +23,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from moetune.analyzer.flops import num_floating_point_operations
@@ -192,12 +193,14 @@ def loss_health(base: Mapping[str, Any], cand: Mapping[str, Any], tol: float
     return True, None, rel
 
 
-def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: Any = None
-                 ) -> dict[str, Any]:
+def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: Any = None,
+                 log_path: str | Path | None = None) -> dict[str, Any]:
     """Verdict of the colleague's audit for the changed knob on the candidate's trace.
 
     confirmed = proof the change ran; contradicted = it did not (reject); unobservable = the
-    trace cannot tell (reported, not proof); unavailable = no trace or no audit module."""
+    trace cannot tell (reported, not proof); unavailable = no trace or no audit module. Without
+    a contract the candidate's own log (`log_path`: Megatron's argument dump) states the rest of
+    the run (global batch, DP …), which some signatures need to tell what ran."""
     if not trace_paths:
         return {"verdict": "unavailable", "reason": "no candidate trace"}
     try:
@@ -207,6 +210,10 @@ def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: An
     except ImportError:
         return {"verdict": "unavailable", "reason": "moetune.analyzer.audit not installed"}
     try:
+        if contract is None and log_path and Path(log_path).is_file():
+            from moetune.analyzer.megatron_args import contract_from_log
+
+            contract = contract_from_log(Path(log_path).read_text(errors="replace")) or None
         # the candidate's claims: the baseline contract with the changed argument set
         claims = contract_from_doc(with_args(contract if isinstance(contract, Mapping) else None,
                                              {knob: value}))

@@ -118,3 +118,20 @@ def test_audit_change_proves_a_micro_batch_change_on_the_h200_trace() -> None:
     trace = [str(folder / "trace.json.gz")]
     assert audit_change(trace, "micro_batch_size", 2, contract)["verdict"] == "confirmed"
     assert audit_change(trace, "micro_batch_size", 4, contract)["verdict"] == "contradicted"
+
+
+def test_audit_change_reads_the_candidates_megatron_log_without_a_contract() -> None:
+    """`tune` with no contract on Megatron-LM's pretrain_gpt.py (tune session 6, bench/grid_mlm):
+    the MBS claim alone cannot be proven (GBS and DP unstated); the candidate's own log states
+    them, so MBS 8 at GBS 8 (one forward pass a step) is confirmed and MBS 4 contradicted."""
+    from moetune.executor.validate import audit_change
+
+    folder = (Path(__file__).resolve().parents[1] / "bench" / "grid_mlm" / "profiles"
+              / "host_mbs8_seq_rcfull_a2a_eager")
+    trace, log = [str(folder / "trace.json.gz")], folder / "train.log"
+    assert audit_change(trace, "micro_batch_size", 8)["verdict"] == "unobservable"
+    assert audit_change(trace, "micro_batch_size", 8, None, log)["verdict"] == "confirmed"
+    assert audit_change(trace, "micro_batch_size", 4, None, log)["verdict"] == "contradicted"
+    # a log that states nothing leaves the claim as it was
+    assert audit_change(trace, "micro_batch_size", 8, None, folder / "missing.log")[
+        "verdict"] == "unobservable"
