@@ -3,6 +3,14 @@
 # launched process needs, $OUT/summary.txt and `say`.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; [ "${KEEP_W:-0}" = 1 ] || rm -rf "$W"; mkdir -p "$OUT" "$W"  # KEEP_W=1: resume
+# RESUME=DIR (a carried, git-ignored folder holding a previous call's ledger.sqlite, runs.tar.gz and
+# run_traces.tar, W unchanged): the tune session goes on across device calls, its runs reused
+if [ -n "${RESUME:-}" ]; then
+  { cp "$RESUME/ledger.sqlite" "$W/" && tar xzf "$RESUME/runs.tar.gz" -C "$W" \
+      && tar xf "$RESUME/run_traces.tar" -C "$W"; } \
+    || { echo "RESUME=$RESUME: no ledger.sqlite, runs.tar.gz and run_traces.tar to resume" \
+           | tee "$OUT/summary.txt"; exit 1; }
+fi
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || { echo "wheel install failed" | tee "$OUT/summary.txt"; exit 1; }
