@@ -23,7 +23,8 @@
  * replay(ts, te, is_gpu, dur, gap, no_launch, pred_ptr, pred_src, pred_kind, start_ns, lat,
  *   host_scale) → float: the what-if replay of one step (analyzer/replay.py `_replay_py`, the
  *   same loop and the same double arithmetic in the same order, so both give equal floats).
- *   ts, te: int64 per episode position (topological order); is_gpu, no_launch: uint8; dur, gap:
+ *   ts, te: int64 per episode position (topological order); is_gpu, no_launch: uint8 (a GPU op
+ *   that no longer waits for its launch, a host call that no longer waits on its sync); dur, gap:
  *   float64; pred_ptr: int64, n + 1; pred_src: int64 earlier positions; pred_kind: int8 codes as
  *   graph.EDGE_KINDS.
  */
@@ -315,6 +316,7 @@ static PyObject *replay(PyObject *self, PyObject *args) {
             for (int64_t j = lo; j < hi; j++) {
                 const int64_t p = src[j];
                 if (kind[j] == K_SYNC) {
+                    if (no_launch[i]) continue; /* removed: it no longer waits */
                     if (end[p] > waited) waited = end[p];
                     if (te[p] > blocked_until) blocked_until = te[p];
                 } else {

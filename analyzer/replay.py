@@ -27,11 +27,21 @@ except ImportError:  # pragma: no cover - built at install; a machine without a 
 
 @dataclass
 class Edit:
-    """Per-node changes a transform makes: new GPU durations, host time factors, launch-free ops."""
+    """Per-node changes a transform makes: new GPU durations, host time factors, launch-free ops,
+    host calls that no longer block."""
 
     dur: np.ndarray          # new duration of every node (GPU op or host call)
     gap: np.ndarray          # factor on the CPU time before a host call (after its predecessor)
     no_launch: np.ndarray    # GPU op no longer waits for its launch (graph replay)
+    # host call no longer waits on the GPU op it synced on (removed work: a sync re-run by
+    # recompute would otherwise still drain the GPU queue); None = every call blocks as measured
+    no_wait: np.ndarray | None = None
+
+
+def _unbound(edit: Edit) -> np.ndarray:
+    """One flag per node for the replay: a GPU op free of its launch, a host call of its sync."""
+    free = edit.no_launch.astype(bool)
+    return (free | edit.no_wait.astype(bool) if edit.no_wait is not None else free).astype(np.uint8)
 
 
 def untouched(ep: Episode) -> Edit:
@@ -46,7 +56,7 @@ def replay(ep: Episode, edit: Edit, host_scale: float = 1.0) -> float:
     if _replay_c is None:
         return _replay_py(ep, edit, host_scale)
     return _replay_c(ep.ts, ep.te, ep.is_gpu.astype(np.uint8), edit.dur.astype(np.float64),
-                     edit.gap.astype(np.float64), edit.no_launch.astype(np.uint8), ep.pred_ptr,
+                     edit.gap.astype(np.float64), _unbound(edit), ep.pred_ptr,
                      ep.pred_src, ep.pred_kind, int(ep.start_ns), int(ep.lat_typ),
                      float(host_scale))
 
@@ -57,7 +67,7 @@ def _replay_py(ep: Episode, edit: Edit, host_scale: float = 1.0) -> float:
     start = [0.0] * n
     end = [0.0] * n
     ts, te, is_gpu = ep.ts.tolist(), ep.te.tolist(), ep.is_gpu.tolist()
-    dur, gapf, free = edit.dur.tolist(), edit.gap.tolist(), edit.no_launch.tolist()
+    dur, gapf, free = edit.dur.tolist(), edit.gap.tolist(), _unbound(edit).tolist()
     lat = ep.lat_typ
     for i in range(n):
         preds = ep.preds[i]
@@ -86,6 +96,8 @@ def _replay_py(ep: Episode, edit: Edit, host_scale: float = 1.0) -> float:
                 binding, last = p, te[p]
         for p, k in preds:
             if k == "sync":
+                if free[i]:  # removed: it no longer waits
+                    continue
                 waited = max(waited, end[p])
                 blocked_until = max(blocked_until, te[p])
             else:

@@ -19,14 +19,18 @@ MAX_BETWEEN = 12
 
 
 def drop_recompute(ep: Episode, params: Mapping[str, float], _ctx: Mapping[str, Any]) -> Edit | None:
-    """Recompute off: the forward work re-run inside backward, its launches and its CPU time go.
-    `share` < 1 (selective recompute): that share of it goes, the rest is still re-run."""
+    """Recompute off: the forward work re-run inside backward, its launches and its CPU time go,
+    and its syncs (the token dispatcher's, in a re-run MoE layer) no longer drain the GPU queue.
+    `share` < 1 (selective recompute): that share of it goes, the rest is still re-run;
+    `drop_syncs` 0: the syncs still block."""
     if not ep.recompute.any():
         return None
     kept = 1.0 - float(params.get("share", 1.0))
     e = untouched(ep)
     e.dur[ep.recompute] *= kept
     e.gap[ep.recompute & ~ep.is_gpu] = kept
+    if params.get("drop_syncs", 1):
+        e.no_wait = ep.recompute & ~ep.is_gpu
     return e
 
 

@@ -66,7 +66,9 @@ def test_grid_coverage_is_what_the_calibration_file_states() -> None:
     judged = [r for row in rows for r in row["recommendations"] if r["measured"] is not None]
     assert len(judged) == 24 and all(r["in_range"] for r in judged)
     bare = sum(r["replay"][0] <= r["measured"] <= r["replay"][2] for r in judged)
-    assert bare == 19  # the replay's own ranges: 79 %, the figure
+    # the replay's own ranges: 75 %; the recompute-off pair at MBS 8 grouped falls just under
+    # its range since the replay releases the syncs recompute re-ran (tests/test_whatif.py)
+    assert bare == 18
     cal = grid_advice.calibration(rows)
     held = ranges()["whatif"]["with_reference"]
     assert cal["held_out_coverage"] == held["held_out_coverage"] == "22 of 24"
