@@ -110,8 +110,14 @@ def contract_context(tid: str, spec: Mapping[str, Any], contract: Mapping[str, A
     model = con.get("model") or {}
     shape = con.get("shape") or {}
     kind = spec["kind"]
-    if "from" in spec and _stated(con, spec["knob"]) != spec["from"]:
-        return None  # a change from another value (or from one nothing states)
+    if "from" in spec:
+        if not con:
+            return None  # nothing states the value the change starts from
+        # here, not at import: `diagnose` without a contract does not load the contract module
+        from moetune.analyzer.contract import effective_args
+
+        if effective_args(con).get(spec["knob"]) != spec["from"]:
+            return None  # a change from another value
     if kind == "fold_micro_batches":
         mbs = shape.get("micro_batch_size") or margs.get("micro_batch_size") or 1
         gbs = shape.get("global_batch_size") or margs.get("global_batch_size")
@@ -134,15 +140,6 @@ def contract_context(tid: str, spec: Mapping[str, Any], contract: Mapping[str, A
         passes = layers * max(gbs // (mbs * dp), 1) if layers and mbs and gbs else 0
         return {"experts": int(experts) // int(ep_size), "passes": passes}
     return {}
-
-
-def _stated(contract: Mapping[str, Any], knob: str) -> Any:
-    """The knob's value as the contract (any section, e.g. `training`) or the log's arguments
-    (`megatron_args`) state it; None when nothing does."""
-    for section in contract.values():
-        if isinstance(section, Mapping) and section.get(knob) is not None:
-            return section[knob]
-    return None
 
 
 def _passes_end_ns(events: pl.DataFrame, rank: int, start_ns: int, end_ns: int) -> int | None:

@@ -26,11 +26,12 @@ def drop_recompute(ep: Episode, params: Mapping[str, float], _ctx: Mapping[str, 
     if not ep.recompute.any():
         return None
     kept = 1.0 - float(params.get("share", 1.0))
+    host = ep.recompute & ~ep.is_gpu
     e = untouched(ep)
     e.dur[ep.recompute] *= kept
-    e.gap[ep.recompute & ~ep.is_gpu] = kept
+    e.gap[host] = kept
     if params.get("drop_syncs", 1):
-        e.no_wait = ep.recompute & ~ep.is_gpu
+        e.no_wait = host
     return e
 
 

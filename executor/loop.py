@@ -31,7 +31,7 @@ from moetune.executor.candidate import Change, Launch, apply, parse_change
 from moetune.executor.ledger import Ledger
 from moetune.executor.runner import BudgetSpent, Runner, RunShape, log, run_time_s, speaking_as
 from moetune.executor.trainer import can_profile, dialect_of
-from moetune.executor.validate import Policy
+from moetune.executor.validate import Policy, run_log_contract
 
 from moetune.errors import UserError
 from moetune.knobs import knob
@@ -377,7 +377,7 @@ def _profile_and_recommend(runner: Runner, rnd: int, base: Launch, base_label: s
     steps = [(r.get("metrics") or {}).get("step_ms") for r in pool]
     ref_s = statistics.median([s for s in steps if s]) / 1e3 if any(steps) else None
     if contract is None and log_path:  # no contract given: the run's own argument dump claims
-        contract = _contract_from_log(Path(log_path))
+        contract = run_log_contract(log_path)
     ref: Any = ref_s
     if log_path and Path(log_path).is_file():  # the log's memory lines: what a change would fit
         from moetune.analysis import read_reference
@@ -420,15 +420,6 @@ def apply_all(launch: Launch, changes: Sequence[Change], runner: Runner | None =
     for ch in changes:
         launch = runner.dialect.apply(launch, ch) if runner is not None else apply(launch, ch)
     return launch
-
-
-def _contract_from_log(path: Path) -> Any:
-    try:
-        from moetune.analyzer.megatron_args import contract_from_log
-
-        return contract_from_log(path.read_text(errors="replace"))
-    except (ImportError, OSError, UserError):
-        return None
 
 
 def run_one(argv: Sequence[str], change_texts: Sequence[str], *, env: Mapping[str, str] | None,

@@ -30,6 +30,8 @@ from moetune.analyzer.flops import num_floating_point_operations
 from moetune.executor.launchers.base import RunResult
 from moetune.executor.logparse import ParsedLog, steady
 
+from moetune.errors import UserError
+
 
 @dataclass(frozen=True, slots=True)
 class Window:
@@ -193,6 +195,17 @@ def loss_health(base: Mapping[str, Any], cand: Mapping[str, Any], tol: float
     return True, None, rel
 
 
+def run_log_contract(path: str | Path) -> Any:
+    """The contract a run's own log states (Megatron's argument dump; {} when it states none),
+    None when the log cannot be read or the analyzer is not installed."""
+    try:
+        from moetune.analyzer.megatron_args import contract_from_log
+
+        return contract_from_log(Path(path).read_text(errors="replace"))
+    except (ImportError, OSError, UserError):
+        return None
+
+
 def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: Any = None,
                  log_path: str | Path | None = None) -> dict[str, Any]:
     """Verdict of the colleague's audit for the changed knob on the candidate's trace.
@@ -210,10 +223,8 @@ def audit_change(trace_paths: Sequence[str], knob: str, value: Any, contract: An
     except ImportError:
         return {"verdict": "unavailable", "reason": "moetune.analyzer.audit not installed"}
     try:
-        if contract is None and log_path and Path(log_path).is_file():
-            from moetune.analyzer.megatron_args import contract_from_log
-
-            contract = contract_from_log(Path(log_path).read_text(errors="replace")) or None
+        if contract is None and log_path:
+            contract = run_log_contract(log_path) or None
         # the candidate's claims: the baseline contract with the changed argument set
         claims = contract_from_doc(with_args(contract if isinstance(contract, Mapping) else None,
                                              {knob: value}))
